@@ -1,0 +1,1 @@
+"""Structure and contact evaluators: TM-score, GDT, RMSD, lDDT, contact precision."""

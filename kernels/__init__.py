@@ -1,0 +1,1 @@
+"""Triton int8 kernels and their exact torch integer references (imported lazily)."""

@@ -1,0 +1,1 @@
+"""The ``ptq-protein`` command line."""

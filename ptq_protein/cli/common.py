@@ -1,0 +1,41 @@
+"""Options shared by several sub-commands (device, dtype, seed, json, quiet)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def add_runtime_options(parser: argparse.ArgumentParser) -> None:
+    """--device/--dtype/--seed/--quiet, as every model-running command takes them."""
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"], help="where to run (default: cpu)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="floating-point dtype of the parts kept in floating point (default: float32)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (tiny models, sampling; default 0)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars, warnings only")
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of a table")
+
+
+def resolve_device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but no CUDA device is visible; use --device cpu or auto")
+    return name
+
+
+def print_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=2, sort_keys=True, default=str)
+    sys.stdout.write("\n")
+
+
+def show_progress(args: argparse.Namespace) -> bool:
+    """Progress bars only for a person at a terminal."""
+    return not getattr(args, "quiet", False) and sys.stderr.isatty()

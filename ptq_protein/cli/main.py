@@ -1,0 +1,83 @@
+"""Entry point of ``ptq-protein``: builds the sub-command parsers and maps errors to exit codes.
+
+Each sub-command lives in its own module of this package exposing
+``register(subparsers)``; heavy imports (torch, transformers) happen inside the
+command functions so that ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from typing import Callable, Optional, Sequence
+
+from ptq_protein import __version__
+
+# module name -> sub-commands it registers; order is the order shown in --help.
+_COMMAND_MODULES = (
+    "ptq_protein.cli.quantize_cmd",
+    "ptq_protein.cli.fold_cmd",
+    "ptq_protein.cli.inspect_cmd",
+    "ptq_protein.cli.eval_cmd",
+    "ptq_protein.cli.structure_cmds",
+)
+
+EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ptq-protein",
+        description="Post-training quantization of ESM-2 / ESMFold, and structure evaluators.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Run 'ptq-protein COMMAND --help' for the options and examples of each command.",
+    )
+    parser.add_argument("--version", action="version", version=f"ptq-protein {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as err:  # a command module not present in this build
+            if err.name != name:
+                raise
+            continue
+        module.register(subparsers)
+    return parser
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip() or type(err).__name__
+    return " ".join(text.split())
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    level = logging.WARNING if getattr(args, "quiet", False) else logging.INFO
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return int(func(args) or EXIT_OK)
+    except KeyboardInterrupt:
+        print("ptq-protein: interrupted", file=sys.stderr)
+        return EXIT_RUNTIME
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError, NotADirectoryError) as err:
+        if args.debug:
+            raise
+        print(f"ptq-protein {args.command}: error: {_one_line(err)}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as err:  # runtime failure: one line, traceback only with --debug
+        if args.debug:
+            raise
+        print(f"ptq-protein {args.command}: failed: {type(err).__name__}: {_one_line(err)}", file=sys.stderr)
+        return EXIT_RUNTIME
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
