@@ -1,3 +1,41 @@
-"""ptq-protein: post-training quantization for protein language models (ESM-2, ESMFold)."""
+"""ptq-protein: post-training quantization for protein language models (ESM-2, ESMFold).
+
+    import ptq_protein as pp
+    qmodel = pp.quantize(model, "w8a8-pwlq", calibration="casp14:50")
+    pp.save(qmodel, "runs/w8a8"); qmodel = pp.load("runs/w8a8")
+
+Attributes are imported lazily so that ``import ptq_protein`` (and the CLI's
+``--help``) stays fast.
+"""
+
+from importlib import import_module
+from typing import Any
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "quantize": "ptq_protein.api",
+    "QuantState": "ptq_protein.api",
+    "QuantConfig": "ptq_protein.config",
+    "TensorQuant": "ptq_protein.config",
+    "Scheme": "ptq_protein.config",
+    "Granularity": "ptq_protein.config",
+    "RangeMethod": "ptq_protein.config",
+    "BreakpointMethod": "ptq_protein.config",
+    "SiteKind": "ptq_protein.config",
+    "Backend": "ptq_protein.config",
+    "PRESETS": "ptq_protein.presets",
+    "get_preset": "ptq_protein.presets",
+    "save": "ptq_protein.artifact",
+    "load": "ptq_protein.artifact",
+    "compare_models": "ptq_protein.fidelity",
+    "load_model": "ptq_protein.models.loading",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'ptq_protein' has no attribute {name!r}")

@@ -1,0 +1,238 @@
+"""Model adapters: the only place that knows ESM architectures.
+
+An adapter tells the rest of the toolkit, for one model family, which site
+group a module belongs to, which modules are heads kept in floating point,
+how to turn sequences into a model call, and which positions of the
+activations are real residues (for mask-aware calibration).
+
+Families: fair-esm ``ESM2`` and ``ProteinBertModel`` (ESM-1b / ESM-1v),
+transformers ``EsmModel`` / ``EsmForMaskedLM`` and ``EsmForProteinFolding``
+(and fair-esm's own ESMFold when it imports).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+from dataclasses import dataclass
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+__all__ = ["Batch", "ModelAdapter", "get_adapter", "ESM_ALPHABET_LETTERS", "ESM2_MAX_RESIDUES"]
+
+# ESM-2 / ESM-1b positional limit: 1024 positions including BOS and EOS.
+ESM2_MAX_RESIDUES = 1022
+# Residue letters the ESM alphabet knows (20 standard + X, B, U, Z, O).
+ESM_ALPHABET_LETTERS = "ACDEFGHIKLMNPQRSTVWYXBUZO"
+
+
+@dataclass
+class Batch:
+    """One calibration/evaluation batch.
+
+    ``token_mask`` [B, T]: True at language-model positions that hold a residue
+    (False at BOS/EOS/CLS/padding). ``residue_mask`` [B, L]: True at real
+    residues of residue-indexed tensors (ESMFold's trunk; equals token_mask
+    without the BOS/EOS columns).
+    """
+
+    inputs: dict
+    token_mask: torch.Tensor
+    residue_mask: torch.Tensor
+    sequences: Tuple[str, ...]
+
+
+class ModelAdapter:
+    """Base adapter; subclasses fill in the family-specific parts."""
+
+    family: str = "unknown"
+    groups: Tuple[str, ...] = ("esm",)
+    head_globs: Tuple[str, ...] = ()
+    max_residues: Optional[int] = ESM2_MAX_RESIDUES
+    layout: str = "BT"  # layout of the LM's hidden states: "BT" (batch first) or "TB"
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    # -- sites -----------------------------------------------------------------------
+    def group_of(self, name: str) -> str:
+        return self.groups[0]
+
+    def is_head(self, name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, g) or name.startswith(g.rstrip("*")) for g in self.head_globs)
+
+    def prepare(self, model: nn.Module) -> None:
+        """Make every quantization site visible as a module call (e.g. disable fused fast paths)."""
+
+    @contextlib.contextmanager
+    def calibration_mode(self, model: nn.Module) -> Iterator[None]:
+        """Settings that keep activation shapes whole during calibration (no chunking)."""
+        yield
+
+    # -- inputs ----------------------------------------------------------------------
+    def validate(self, sequences: Sequence[str], where: str = "calibration") -> List[str]:
+        from ptq_protein.fasta import validate_sequence
+
+        return [validate_sequence(s, alphabet=ESM_ALPHABET_LETTERS, max_length=self.max_residues,
+                                  where=f"{where} sequence {i + 1}") for i, s in enumerate(sequences)]
+
+    def batches(self, sequences: Sequence[str], batch_size: int) -> Iterator[Batch]:
+        """Length-sorted batches, so padding is small; batch size never equals a sequence axis."""
+        order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+        start = 0
+        while start < len(order):
+            chunk = [sequences[i] for i in order[start:start + batch_size]]
+            longest = max(len(s) for s in chunk)
+            # B == T or B == L would make activation layouts ambiguous for mask alignment.
+            while len(chunk) > 1 and len(chunk) in (longest, longest + 2):
+                chunk = chunk[:-1]
+            start += len(chunk)
+            yield self.make_batch(chunk)
+
+    def make_batch(self, sequences: Sequence[str]) -> Batch:
+        raise NotImplementedError
+
+    def forward(self, model: nn.Module, batch: Batch) -> Any:
+        raise NotImplementedError
+
+
+def _esm_tokens(sequences: Sequence[str]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """ESM tokens [B, L+2] (BOS, residues, EOS, padding) and their residue mask."""
+    alphabet = _esm_alphabet()
+    longest = max(len(s) for s in sequences)
+    tokens = torch.full((len(sequences), longest + 2), alphabet.padding_idx, dtype=torch.long)
+    mask = torch.zeros_like(tokens, dtype=torch.bool)
+    for i, seq in enumerate(sequences):
+        tokens[i, 0] = alphabet.cls_idx
+        tokens[i, 1:len(seq) + 1] = torch.tensor([alphabet.get_idx(a) for a in seq])
+        tokens[i, len(seq) + 1] = alphabet.eos_idx
+        mask[i, 1:len(seq) + 1] = True
+    return tokens, mask
+
+
+_ALPHABET = None
+
+
+def _esm_alphabet():
+    global _ALPHABET
+    if _ALPHABET is None:
+        from esm.data import Alphabet
+
+        _ALPHABET = Alphabet.from_architecture("ESM-1b")  # ESM-2 uses the same 33-token alphabet
+    return _ALPHABET
+
+
+class FairEsmAdapter(ModelAdapter):
+    """fair-esm ``ESM2`` and ``ProteinBertModel`` (ESM-1b/1v): layers run in (T, B, C)."""
+
+    family = "fair-esm"
+    head_globs = ("lm_head*", "contact_head*", "embed_tokens*", "embed_positions*")
+    layout = "TB"
+
+    def prepare(self, model: nn.Module) -> None:
+        # ESM-1b's MultiheadAttention takes F.multi_head_attention_forward, which reads
+        # q_proj.weight directly and bypasses the module calls that carry quantization.
+        for module in model.modules():
+            if hasattr(module, "enable_torch_version"):
+                module.enable_torch_version = False
+
+    def make_batch(self, sequences: Sequence[str]) -> Batch:
+        tokens, mask = _esm_tokens(sequences)
+        return Batch({"tokens": tokens}, mask, mask[:, 1:-1], tuple(sequences))
+
+    def forward(self, model: nn.Module, batch: Batch) -> Any:
+        device = _device_of(model)
+        return model(batch.inputs["tokens"].to(device))
+
+
+class HFEsmAdapter(ModelAdapter):
+    """transformers ``EsmModel`` / ``EsmForMaskedLM``: batch-first hidden states."""
+
+    family = "hf-esm"
+    head_globs = ("lm_head*", "esm.contact_head*", "contact_head*", "esm.embeddings*", "embeddings*", "pooler*")
+
+    def make_batch(self, sequences: Sequence[str]) -> Batch:
+        tokens, mask = _esm_tokens(sequences)
+        attention = tokens != _esm_alphabet().padding_idx
+        return Batch({"input_ids": tokens, "attention_mask": attention.long()}, mask, mask[:, 1:-1], tuple(sequences))
+
+    def forward(self, model: nn.Module, batch: Batch) -> Any:
+        device = _device_of(model)
+        return model(**{k: v.to(device) for k, v in batch.inputs.items()})
+
+
+class HFEsmFoldAdapter(ModelAdapter):
+    """transformers ``EsmForProteinFolding``: LM tokens are [B, L+2], trunk tensors [B, L(, L)]."""
+
+    family = "hf-esmfold"
+    groups = ("esm", "trunk", "structure")
+    head_globs = ("distogram_head*", "ptm_head*", "lm_head*", "lddt_head*", "esm.contact_head*",
+                  "esm.embeddings*", "embedding", "trunk.pairwise_positional_embedding*", "trunk.recycle_disto*",
+                  "esm_s_combine*")
+
+    def group_of(self, name: str) -> str:
+        if name.startswith("esm."):
+            return "esm"
+        if name.startswith("trunk.structure_module.") or name.startswith("trunk.trunk2sm"):
+            return "structure"
+        return "trunk"
+
+    @contextlib.contextmanager
+    def calibration_mode(self, model: nn.Module) -> Iterator[None]:
+        trunk = getattr(model, "trunk", None)
+        old = getattr(trunk, "chunk_size", None)
+        if trunk is not None and hasattr(trunk, "set_chunk_size"):
+            trunk.set_chunk_size(None)
+        try:
+            yield
+        finally:
+            if trunk is not None and hasattr(trunk, "set_chunk_size"):
+                trunk.set_chunk_size(old)
+
+    def make_batch(self, sequences: Sequence[str]) -> Batch:
+        from transformers.models.esm.openfold_utils import residue_constants as rc
+
+        longest = max(len(s) for s in sequences)
+        aatype = torch.zeros((len(sequences), longest), dtype=torch.long)
+        residue_mask = torch.zeros((len(sequences), longest), dtype=torch.bool)
+        x_index = rc.restype_order_with_x["X"]
+        for i, seq in enumerate(sequences):
+            aatype[i, :len(seq)] = torch.tensor([rc.restype_order_with_x.get(a, x_index) for a in seq])
+            residue_mask[i, :len(seq)] = True
+        token_mask = torch.nn.functional.pad(residue_mask, (1, 1), value=False)
+        inputs = {"input_ids": aatype, "attention_mask": residue_mask.long(),
+                  "position_ids": torch.arange(longest).expand(len(sequences), -1)}
+        return Batch(inputs, token_mask, residue_mask, tuple(sequences))
+
+    def forward(self, model: nn.Module, batch: Batch, num_recycles: Optional[int] = None) -> Any:
+        device = _device_of(model)
+        kwargs = {k: v.to(device) for k, v in batch.inputs.items()}
+        if num_recycles is not None:
+            kwargs["num_recycles"] = num_recycles
+        return model(**kwargs)
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    for b in model.buffers():
+        return b.device
+    return torch.device("cpu")
+
+
+def get_adapter(model: nn.Module) -> ModelAdapter:
+    """Pick the adapter by class (never by checkpoint name)."""
+    classes = {type(m).__name__ for m in type(model).__mro__ if isinstance(m, type)} | {type(model).__name__}
+    name = type(model).__name__
+    if name in ("ESM2", "ProteinBertModel"):
+        return FairEsmAdapter(model)
+    if name in ("EsmForProteinFolding",):
+        return HFEsmFoldAdapter(model)
+    if name in ("EsmModel", "EsmForMaskedLM", "EsmForTokenClassification", "EsmForSequenceClassification"):
+        return HFEsmAdapter(model)
+    raise TypeError(
+        f"ptq-protein does not know how to calibrate a {name} (classes: {sorted(classes)}); supported: fair-esm ESM2 / "
+        "ProteinBertModel, transformers EsmModel / EsmForMaskedLM / EsmForProteinFolding"
+    )

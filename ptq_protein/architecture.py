@@ -1,0 +1,54 @@
+"""Describe a model's architecture as JSON and rebuild an empty one from it (for artifacts).
+
+Only constructor arguments are recorded, never pickled objects, so an artifact
+can be reloaded without unpickling anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Dict
+
+from torch import nn
+
+from ptq_protein.errors import ArtifactError
+
+__all__ = ["describe_architecture", "build_architecture"]
+
+
+def describe_architecture(model: nn.Module) -> Dict[str, Any]:
+    name = type(model).__name__
+    if name == "ESM2":
+        return {"library": "fair-esm", "class": "ESM2",
+                "kwargs": {"num_layers": model.num_layers, "embed_dim": model.embed_dim,
+                           "attention_heads": model.attention_heads, "token_dropout": bool(model.token_dropout)}}
+    if name == "ProteinBertModel":
+        return {"library": "fair-esm", "class": "ProteinBertModel", "args": dict(vars(model.args))}
+    if hasattr(model, "config") and hasattr(model.config, "to_dict"):
+        return {"library": "transformers", "class": name, "config": model.config.to_dict()}
+    raise TypeError(f"cannot describe the architecture of {name} for an artifact")
+
+
+def build_architecture(desc: Dict[str, Any]) -> nn.Module:
+    """A freshly initialised model of the described architecture (weights are loaded after)."""
+    try:
+        library, cls = desc["library"], desc["class"]
+    except (KeyError, TypeError) as err:
+        raise ArtifactError("recipe.json has no valid 'architecture' entry; the artifact is corrupt: re-run quantize") from err
+    if library == "fair-esm":
+        import esm
+
+        alphabet = esm.data.Alphabet.from_architecture("ESM-1b")
+        if cls == "ESM2":
+            return esm.model.esm2.ESM2(alphabet=alphabet, **desc["kwargs"])
+        if cls == "ProteinBertModel":
+            return esm.model.esm1.ProteinBertModel(argparse.Namespace(**desc["args"]), alphabet)
+    if library == "transformers":
+        import transformers
+
+        config = transformers.EsmConfig.from_dict(dict(desc["config"]))
+        model_cls = getattr(transformers, cls, None)
+        if model_cls is None:
+            raise ArtifactError(f"transformers has no class {cls}; install a transformers version that has it")
+        return model_cls(config)
+    raise ArtifactError(f"unknown architecture {library}/{cls} in recipe.json")

@@ -1,0 +1,233 @@
+"""Quantization configuration: small frozen dataclasses, validated on construction.
+
+A :class:`QuantConfig` says *what* is quantized (site kinds, groups, name globs)
+and *how* (one :class:`TensorQuant` for weights, one for activations). It
+round-trips through ``to_dict``/``from_dict`` so that an artifact's
+``recipe.json`` can rebuild it exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Tuple
+
+__all__ = [
+    "Scheme",
+    "Granularity",
+    "RangeMethod",
+    "BreakpointMethod",
+    "SiteKind",
+    "Backend",
+    "TensorQuant",
+    "QuantConfig",
+    "CONFIG_VERSION",
+]
+
+CONFIG_VERSION = 1
+MIN_BITS, MAX_BITS = 2, 16
+
+
+class Scheme(str, enum.Enum):
+    """How values map to codes."""
+
+    UNIFORM = "uniform"
+    PWLQ = "pwlq"  # piecewise-linear (Fang et al. 2020)
+
+
+class Granularity(str, enum.Enum):
+    """Which values share one set of quantization parameters."""
+
+    PER_TENSOR = "per_tensor"
+    PER_CHANNEL = "per_channel"  # weights: per output channel; activations: per last-dim channel
+    PER_TOKEN = "per_token"  # activations only, always dynamic
+
+
+class RangeMethod(str, enum.Enum):
+    """How a calibrated activation range is chosen from the observed statistics."""
+
+    MINMAX = "minmax"
+    TOPK = "topk"  # median over batches of the k-th extreme (the study's clipping)
+    PERCENTILE = "percentile"
+    MSE = "mse"  # clipping range minimising the expected squared error on the histogram
+
+
+class BreakpointMethod(str, enum.Enum):
+    """How PWLQ breakpoints are chosen."""
+
+    GAUSSIAN = "gaussian"  # optimality condition for a Gaussian, solved numerically
+    LAPLACIAN = "laplacian"
+    GAUSSIAN_FIT = "gaussian_fit"  # the paper's closed-form fit
+    LAPLACIAN_FIT = "laplacian_fit"
+    MSE = "mse"  # distribution-free search on the calibration histogram
+
+
+class SiteKind(str, enum.Enum):
+    """Where quantization can happen."""
+
+    LINEAR = "linear"  # nn.Linear (and subclasses): weight and/or input
+    LAYERNORM = "layernorm"  # the input of a LayerNorm (the study's asymmetric activations)
+    MATMUL = "matmul"  # operands of attention score/probability matmuls and triangle einsums
+
+
+class Backend(str, enum.Enum):
+    """How quantized modules execute."""
+
+    FAKE = "fake"  # simulate: quantize then dequantize, float math
+    INT8 = "int8"  # integer GEMMs (Triton on CUDA, exact torch reference on CPU)
+
+
+def _enum(cls, value):
+    try:
+        return value if isinstance(value, cls) else cls(value)
+    except ValueError as err:
+        choices = ", ".join(m.value for m in cls)
+        raise ValueError(f"unknown {cls.__name__} {value!r}; choose one of: {choices}") from err
+
+
+@dataclass(frozen=True)
+class TensorQuant:
+    """How one kind of tensor (weights or activations) is quantized.
+
+    ``dynamic`` activations get their parameters from each tensor at run time;
+    static ones from calibration. ``runtime_breakpoints`` is the study's PWLQ
+    variant where the breakpoint (and range) is recomputed for every tensor.
+    """
+
+    bits: int = 8
+    scheme: Scheme = Scheme.UNIFORM
+    symmetric: bool = True
+    granularity: Granularity = Granularity.PER_TENSOR
+    dynamic: bool = False
+    range_method: RangeMethod = RangeMethod.MINMAX
+    percentile: float = 99.99
+    topk: int = 100
+    breakpoint_method: BreakpointMethod = BreakpointMethod.MSE
+    breakpoints: int = 1
+    runtime_breakpoints: bool = False
+
+    def __post_init__(self) -> None:
+        for name, cls in (("scheme", Scheme), ("granularity", Granularity),
+                          ("range_method", RangeMethod), ("breakpoint_method", BreakpointMethod)):
+            object.__setattr__(self, name, _enum(cls, getattr(self, name)))
+        if isinstance(self.bits, bool) or not isinstance(self.bits, int):
+            raise TypeError(f"bits must be an integer, got {self.bits!r}")
+        if not MIN_BITS <= self.bits <= MAX_BITS:
+            raise ValueError(f"bits={self.bits} is outside {MIN_BITS}..{MAX_BITS}; pick a width in that range (8 is usual)")
+        if self.scheme is Scheme.PWLQ and self.bits < 3:
+            raise ValueError(f"piecewise-linear quantization needs at least 3 bits (got {self.bits}); use uniform for 2 bits")
+        if not 1 <= self.breakpoints <= 3:
+            raise ValueError(f"breakpoints={self.breakpoints} must be 1, 2 or 3 per side")
+        if not 50.0 < self.percentile <= 100.0:
+            raise ValueError(f"percentile={self.percentile} must be in (50, 100]")
+        if self.topk < 1:
+            raise ValueError(f"topk={self.topk} must be at least 1")
+        if self.granularity is Granularity.PER_TOKEN and not self.dynamic:
+            object.__setattr__(self, "dynamic", True)  # per-token parameters only exist at run time
+        if self.scheme is Scheme.PWLQ and self.granularity is not Granularity.PER_TENSOR:
+            raise ValueError("piecewise-linear quantization is per-tensor here; use granularity='per_tensor'")
+        if self.runtime_breakpoints and self.scheme is not Scheme.PWLQ:
+            raise ValueError("runtime_breakpoints only applies to scheme='pwlq'")
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "TensorQuant":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown quantizer fields {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**data)
+
+    def describe(self) -> str:
+        """Short human label, e.g. ``8-bit pwlq per_tensor static``."""
+        mode = "dynamic" if self.dynamic else "static"
+        sym = "sym" if self.symmetric else "asym"
+        return f"{self.bits}-bit {self.scheme.value} {sym} {self.granularity.value} {mode}"
+
+
+_DEFAULT_EXCLUDE = ()  # heads are kept FP by the adapters' own rules, not by globs
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """Which sites are quantized and how.
+
+    ``weights=None`` keeps weights in floating point; ``activations=None`` keeps
+    activations in floating point. ``groups=None`` means every group the model
+    adapter knows (ESMFold: ``esm``, ``trunk``, ``structure``). ``include`` and
+    ``exclude`` are module-name globs (``fnmatch``) applied after kinds/groups.
+    ``quantize_heads`` also quantizes the parts kept in floating point by
+    default (LM head, contact regression, distogram/pLDDT/pTM heads).
+    """
+
+    weights: Optional[TensorQuant] = TensorQuant(bits=8, granularity=Granularity.PER_CHANNEL)
+    activations: Optional[TensorQuant] = TensorQuant(bits=8)
+    kinds: Tuple[SiteKind, ...] = (SiteKind.LINEAR, SiteKind.LAYERNORM)
+    groups: Optional[Tuple[str, ...]] = None
+    include: Tuple[str, ...] = ()
+    exclude: Tuple[str, ...] = _DEFAULT_EXCLUDE
+    quantize_heads: bool = False
+    backend: Backend = Backend.FAKE
+    name: str = "custom"
+    version: int = CONFIG_VERSION
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kinds", tuple(_enum(SiteKind, k) for k in self.kinds))
+        object.__setattr__(self, "backend", _enum(Backend, self.backend))
+        for name in ("include", "exclude"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                value = (value,)
+            object.__setattr__(self, name, tuple(value))
+        if self.groups is not None:
+            groups = (self.groups,) if isinstance(self.groups, str) else tuple(self.groups)
+            object.__setattr__(self, "groups", groups)
+        for name in ("weights", "activations"):
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                object.__setattr__(self, name, TensorQuant.from_dict(value))
+            elif value is not None and not isinstance(value, TensorQuant):
+                raise TypeError(f"{name} must be a TensorQuant, a dict or None, got {type(value).__name__}")
+        if self.weights is not None and (self.weights.dynamic or self.weights.granularity is Granularity.PER_TOKEN):
+            raise ValueError("weights are quantized once from their own values: use per_tensor or per_channel, not dynamic/per_token")
+        if self.version != CONFIG_VERSION:
+            raise ValueError(f"config version {self.version} is not supported (this is version {CONFIG_VERSION}); re-quantize with this release")
+
+    def replace(self, **changes: Any) -> "QuantConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "weights": None if self.weights is None else self.weights.to_dict(),
+            "activations": None if self.activations is None else self.activations.to_dict(),
+            "kinds": [k.value for k in self.kinds],
+            "groups": None if self.groups is None else list(self.groups),
+            "include": list(self.include),
+            "exclude": list(self.exclude),
+            "quantize_heads": self.quantize_heads,
+            "backend": self.backend.value,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "QuantConfig":
+        data = dict(data)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown config fields {sorted(unknown)}; known: {sorted(known)}")
+        for key in ("kinds", "include", "exclude"):
+            if key in data:
+                data[key] = tuple(data[key])
+        if data.get("groups") is not None:
+            data["groups"] = tuple(data["groups"])
+        return cls(**data)
+
+    def describe(self) -> str:
+        w = "FP" if self.weights is None else self.weights.describe()
+        a = "FP" if self.activations is None else self.activations.describe()
+        return f"{self.name}: weights {w}; activations {a}; sites {','.join(k.value for k in self.kinds)}"

@@ -1,0 +1,69 @@
+"""Module swap: replace each selected site's module by its quantized counterpart.
+
+Works on a model the caller handed over for modification (``quantize`` deep-copies
+first unless told otherwise). Weights are copied into the new modules.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import torch
+from torch import nn
+
+from ptq_protein.config import QuantConfig, SiteKind
+from ptq_protein.modules import ActQuantizer, QuantInput, QuantLinear
+from ptq_protein.qparams import quantize_weight
+from ptq_protein.sites import Site
+
+__all__ = ["swap_modules_", "set_module"]
+
+
+def set_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    """Replace the submodule at dotted ``name``."""
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)
+
+
+def build_quant_linear(linear: nn.Linear, config: QuantConfig, input_quant: Optional[ActQuantizer],
+                       quantize_weights: bool = True) -> QuantLinear:
+    spec = config.weights if quantize_weights else None
+    weight = linear.weight.detach()
+    kwargs = dict(weight=None, weight_codes=None, weight_scale=None, weight_zero_point=None, weight_codebook=None)
+    if spec is None:
+        kwargs["weight"] = weight
+    else:
+        kwargs.update(quantize_weight(weight, spec))
+    return QuantLinear(linear.in_features, linear.out_features, weight_spec=spec,
+                       bias=None if linear.bias is None else linear.bias.detach(), input_quant=input_quant,
+                       backend=config.backend, **kwargs)
+
+
+@torch.no_grad()
+def swap_modules_(model: nn.Module, sites: Dict[str, Site], input_quants: Dict[str, ActQuantizer],
+                  config: QuantConfig) -> Dict[str, str]:
+    """Swap modules in place; returns {site name: what was done} for the report.
+
+    ``input_quants`` holds the calibrated (or dynamic) quantizer of each site
+    whose input is quantized; a Linear site without one keeps FP inputs.
+    """
+    done: Dict[str, str] = {}
+    for name, site in sites.items():
+        module = model.get_submodule(name)
+        quant = input_quants.get(name)
+        device = next(iter(module.parameters()), torch.empty(0)).device
+        if quant is not None:
+            quant = quant.to(device)
+        if site.kind is SiteKind.LINEAR:
+            if config.weights is None and quant is None:
+                continue
+            new = build_quant_linear(module, config, quant).to(device)
+            set_module(model, name, new)
+            done[name] = "linear" + (" W" if config.weights is not None else "") + (" A" if quant is not None else "")
+        elif site.kind is SiteKind.LAYERNORM and quant is not None:
+            set_module(model, name, QuantInput(module, quant))
+            done[name] = "layernorm input"
+    return done
+
+

@@ -1,0 +1,132 @@
+"""From statistics to quantizer parameters (the step between calibration and module swap).
+
+* weights: per-channel / per-tensor uniform codes, or a PWLQ codebook;
+* activations: a calibrated :class:`ActQuantizer` from a site's statistics
+  (range by min-max / top-k median / percentile / MSE; PWLQ breakpoints by the
+  Gaussian / Laplacian optimality condition, the paper's closed-form fits, or an
+  MSE search on the calibration histogram), or a dynamic one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+from ptq_protein.config import BreakpointMethod, Granularity, RangeMethod, Scheme, TensorQuant
+from ptq_protein.modules import ActQuantizer
+from ptq_protein.quant import breakpoints as bp
+from ptq_protein.quant.codebook import PiecewiseCodebook, pwlq_quantize
+from ptq_protein.quant.pwlq import asymmetric_pwlq, symmetric_pwlq
+from ptq_protein.quant.uniform import choose_qparams, per_channel_minmax, quantize
+
+__all__ = ["needs_calibration", "quantize_weight", "activation_quantizer", "pwlq_codebook_for_values",
+           "calibrated_range"]
+
+# Smallest side magnitude relative to the other side, so a one-sided range still
+# gives PWLQ a valid (tiny) opposite side instead of a zero-width one.
+_MIN_SIDE_FRACTION = 1e-3
+
+# breakpoint method -> (normalized-breakpoint solver, distribution)
+_SOLVERS = {BreakpointMethod.GAUSSIAN: (bp.optimal_breakpoint, "gaussian"),
+            BreakpointMethod.LAPLACIAN: (bp.optimal_breakpoint, "laplacian"),
+            BreakpointMethod.GAUSSIAN_FIT: (bp.approx_breakpoint, "gaussian"),
+            BreakpointMethod.LAPLACIAN_FIT: (bp.approx_breakpoint, "laplacian")}
+
+
+def needs_calibration(spec: Optional[TensorQuant]) -> bool:
+    """Static activations need calibration statistics; dynamic ones do not."""
+    if spec is None:
+        return False
+    if spec.scheme is Scheme.PWLQ:
+        return not spec.runtime_breakpoints
+    return not spec.dynamic
+
+
+def quantize_weight(weight: torch.Tensor, spec: TensorQuant) -> Dict[str, Any]:
+    """Codes and parameters of a Linear weight [N, K] (keyword arguments of QuantLinear)."""
+    w = weight.detach().float()
+    if spec.scheme is Scheme.PWLQ:
+        cb = pwlq_codebook_for_values(w.reshape(-1), spec)
+        return {"weight_codes": pwlq_quantize(w, cb).to(torch.int8), "weight_codebook": cb}
+    if spec.granularity is Granularity.PER_CHANNEL:
+        lo, hi = per_channel_minmax(w, axis=0)
+    else:
+        lo, hi = torch.aminmax(w)
+        lo, hi = lo.expand(w.shape[0], 1), hi.expand(w.shape[0], 1)
+    scale, zp = choose_qparams(lo, hi, spec.bits, spec.symmetric)
+    codes = quantize(w, scale, zp, spec.bits, spec.symmetric)
+    return {"weight_codes": codes.to(torch.int8) if spec.bits <= 8 else codes, "weight_scale": scale,
+            "weight_zero_point": zp}
+
+
+def calibrated_range(stats, spec: TensorQuant) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(lo, hi) of a site from its statistics by ``spec.range_method``."""
+    method = spec.range_method
+    if spec.granularity is Granularity.PER_CHANNEL or method is RangeMethod.MINMAX:
+        return stats.minmax.compute()
+    if method is RangeMethod.TOPK:
+        return stats.topk.compute()
+    if method is RangeMethod.PERCENTILE:
+        return (torch.tensor(stats.histogram.percentile(100.0 - spec.percentile)),
+                torch.tensor(stats.histogram.percentile(spec.percentile)))
+    lo, hi = bp.mse_uniform_range(stats.histogram, spec.bits, spec.symmetric)
+    return torch.tensor(lo), torch.tensor(hi)
+
+
+def _pwlq_from_range(lo: float, hi: float, std: float, spec: TensorQuant, histogram=None) -> PiecewiseCodebook:
+    """PWLQ codebook for the range [lo, hi] with breakpoints by ``spec.breakpoint_method``."""
+    m_neg, m_pos = max(-lo, 0.0), max(hi, 0.0)
+    m = max(m_neg, m_pos)
+    if m <= 0:
+        m = m_neg = m_pos = 1.0  # all-zero site: any valid codebook is exact at 0
+    if spec.symmetric:
+        m_neg = m_pos = m
+    floor = _MIN_SIDE_FRACTION * m
+    m_neg, m_pos = max(m_neg, floor), max(m_pos, floor)
+    if spec.breakpoint_method is BreakpointMethod.MSE and histogram is not None:
+        return bp.search_codebook(histogram, m_neg, m_pos, spec.bits, breakpoints=spec.breakpoints,
+                                  symmetric=spec.symmetric)
+    solver, dist = _SOLVERS.get(spec.breakpoint_method, _SOLVERS[BreakpointMethod.GAUSSIAN])
+    sigma = max(std, 1e-12)
+
+    def side_break(mag: float) -> float:
+        p = solver(mag / sigma, dist) * sigma
+        return min(max(p, mag * 1e-3), mag * (1 - 1e-3))
+
+    if spec.symmetric:
+        return symmetric_pwlq(m, side_break(m), spec.bits)
+    return asymmetric_pwlq(m_neg, side_break(m_neg), m_pos, side_break(m_pos), spec.bits)
+
+
+def pwlq_codebook_for_values(values: torch.Tensor, spec: TensorQuant) -> PiecewiseCodebook:
+    """A PWLQ codebook fitted to a tensor's own values (weights; run-time breakpoints).
+
+    The range is the tensor's min/max; breakpoints use the optimality condition
+    with the tensor's standard deviation (the study's run-time variant), or the
+    MSE search when that is the configured method.
+    """
+    v = values.detach().float()
+    finite = v[torch.isfinite(v)]
+    if finite.numel() == 0:
+        finite = torch.zeros(1)
+    lo, hi = float(finite.min()), float(finite.max())
+    std = float(finite.std()) if finite.numel() > 1 else 0.0
+    hist = None
+    if spec.breakpoint_method is BreakpointMethod.MSE:
+        hist = bp.histogram_of(finite)
+    return _pwlq_from_range(lo, hi, std, spec, hist)
+
+
+def activation_quantizer(spec: TensorQuant, stats=None) -> ActQuantizer:
+    """The quantizer of one activation site: calibrated from ``stats`` when static."""
+    if not needs_calibration(spec):
+        return ActQuantizer(spec)
+    lo, hi = calibrated_range(stats, spec)
+    if spec.scheme is Scheme.PWLQ:
+        cb = _pwlq_from_range(float(lo.min()), float(hi.max()), float(stats.moments.std()), spec, stats.histogram)
+        return ActQuantizer(spec, codebook=cb)
+    scale, zp = choose_qparams(lo.reshape(-1), hi.reshape(-1), spec.bits, spec.symmetric)
+    if scale.numel() == 1:
+        scale, zp = scale.reshape(()), zp.reshape(())
+    return ActQuantizer(spec, scale=scale, zero_point=zp)

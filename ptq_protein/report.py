@@ -1,0 +1,121 @@
+"""Per-site report: range, asymmetry, kurtosis, chosen parameters, quantization SQNR.
+
+Activation SQNR is estimated on the calibration histogram (bin centres weighted
+by their counts), so no raw activations are kept; weight SQNR is exact.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+from torch import nn
+
+from ptq_protein.config import QuantConfig, SiteKind
+from ptq_protein.modules import ActQuantizer, QuantInput, QuantLinear
+from ptq_protein.sites import Site
+
+__all__ = ["build_report", "report_markdown", "sqnr_db", "asymmetry"]
+
+
+def sqnr_db(signal_power: float, noise_power: float) -> float:
+    """10·log10(E[x²] / E[(x − x̂)²]); +inf when the quantizer is exact."""
+    if noise_power <= 0:
+        return math.inf
+    if signal_power <= 0:
+        return -math.inf
+    return 10.0 * math.log10(signal_power / noise_power)
+
+
+def asymmetry(lo: float, hi: float) -> float:
+    """(max + min) / (max − min): 0 for a symmetric range, ±1 for a one-sided one."""
+    span = hi - lo
+    return 0.0 if span <= 0 else (hi + lo) / span
+
+
+def _histogram_sqnr(stats, quant: ActQuantizer) -> Optional[float]:
+    if not quant.is_static:
+        return None
+    counts, edges = stats.histogram.support()
+    centers = 0.5 * (edges[1:] + edges[:-1])
+    if counts.sum() <= 0:
+        return None
+    x = centers.to(torch.float32)
+    err = (quant(x).double() - centers.double()) ** 2
+    weights = counts.double() / counts.sum()
+    noise = float((err * weights).sum())
+    signal = float((centers.double() ** 2 * weights).sum())
+    return sqnr_db(signal, noise)
+
+
+def _weight_entry(module: QuantLinear, original_weight: Optional[torch.Tensor]) -> Dict[str, Any]:
+    if module.weight_spec is None:
+        return {}
+    w_q = module.dequantized_weight(torch.float32).detach().double()
+    entry: Dict[str, Any] = {"weight": module.weight_spec.describe()}
+    if original_weight is not None:
+        w = original_weight.detach().double()
+        entry["weight_sqnr_db"] = sqnr_db(float((w ** 2).mean()), float(((w - w_q) ** 2).mean()))
+    return entry
+
+
+def _activation_entry(stats, quant: Optional[ActQuantizer]) -> Dict[str, Any]:
+    entry: Dict[str, Any] = {}
+    if stats is not None and stats.count:
+        m = stats.moments
+        lo, hi = float(m.min_val), float(m.max_val)
+        entry.update(count=stats.count, min=lo, max=hi, mean=float(m.mean), std=float(m.std()),
+                     asymmetry=asymmetry(lo, hi), kurtosis=float(m.kurtosis))
+    if quant is not None:
+        entry["activation"] = quant.spec.describe()
+        state = quant.state()
+        if "codebook" in state:
+            cb = state["codebook"]
+            entry["regions"] = len(cb["code_lo"])
+            entry["thresholds"] = cb["thresholds"]
+        if "scale" in state:
+            entry["scale"] = state["scale"]
+            entry["zero_point"] = state["zero_point"]
+        if stats is not None and stats.count:
+            entry["sqnr_db"] = _histogram_sqnr(stats, quant)
+    return entry
+
+
+def build_report(qmodel: nn.Module, sites: Sequence[Site], stats: Dict[str, Any],
+                 quants: Dict[str, ActQuantizer], config: QuantConfig,
+                 original_weights: Optional[Dict[str, torch.Tensor]] = None) -> List[Dict[str, Any]]:
+    """One dict per site, in model order."""
+    rows = []
+    for site in sites:
+        row: Dict[str, Any] = {"site": site.name, "kind": site.kind.value, "group": site.group}
+        module = qmodel.get_submodule(site.name)
+        if isinstance(module, QuantLinear):
+            original = None if original_weights is None else original_weights.get(site.name)
+            row.update(_weight_entry(module, original))
+        row.update(_activation_entry(stats.get(site.name), quants.get(site.name)))
+        if not isinstance(module, (QuantLinear, QuantInput)) and site.kind is not SiteKind.MATMUL:
+            row["status"] = "floating point"
+        rows.append(row)
+    return rows
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return f"{value:.4g}"
+    return str(value)
+
+
+_COLUMNS = ("site", "kind", "group", "min", "max", "asymmetry", "kurtosis", "sqnr_db", "weight_sqnr_db", "activation")
+
+
+def report_markdown(rows: Sequence[Dict[str, Any]], title: str = "Per-site quantization report") -> str:
+    """A markdown table of the report rows."""
+    lines = [f"# {title}", "", "| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
+    for row in rows:
+        lines.append("| " + " | ".join(_fmt(row.get(c)) for c in _COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
