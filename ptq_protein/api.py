@@ -58,6 +58,7 @@ class QuantState:
     calibration: Optional[CalibrationInfo]
     report: List[Dict[str, Any]] = field(default_factory=list)
     fp_sites: List[str] = field(default_factory=list)
+    histograms: Dict[str, Any] = field(default_factory=dict)  # site -> (counts, edges), for plots
 
 
 def _sequences_sha(seqs: Sequence[str]) -> str:
@@ -155,7 +156,8 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     originals = {s.name: qmodel.get_submodule(s.name).weight for s in chosen if s.kind is SiteKind.LINEAR}
     done = swap_modules_(qmodel, {s.name: s for s in chosen}, quants, cfg)
     report = build_report(qmodel, chosen, stats, quants, cfg, originals)
-    qmodel.ptq_state = QuantState(cfg, adapter.family, chosen, done, calib_info, report, fp_sites)
+    histograms = {name: st.histogram.support() for name, st in stats.items() if st.count}
+    qmodel.ptq_state = QuantState(cfg, adapter.family, chosen, done, calib_info, report, fp_sites, histograms)
     return qmodel
 
 

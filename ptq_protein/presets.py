@@ -32,8 +32,10 @@ def _uniform_acts(bits: int) -> TensorQuant:
 
 def _pwlq_acts(bits: int) -> TensorQuant:
     # Asymmetric PWLQ: negative and positive sides get their own range and breakpoint,
-    # which is what the one-sided pre-LayerNorm outliers need; breakpoints fixed at calibration.
-    return TensorQuant(bits=bits, scheme=Scheme.PWLQ, symmetric=False, range_method=RangeMethod.TOPK,
+    # which is what the one-sided pre-LayerNorm outliers need. Breakpoints (and the
+    # centre/tail code split) come from an MSE search on the calibration histogram over
+    # the observed range: the tail pieces carry the outliers, so nothing is clipped.
+    return TensorQuant(bits=bits, scheme=Scheme.PWLQ, symmetric=False, range_method=RangeMethod.MINMAX,
                        breakpoint_method=BreakpointMethod.MSE)
 
 

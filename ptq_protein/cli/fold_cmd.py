@@ -1,0 +1,51 @@
+"""``ptq-protein fold``: fold sequences with an ESMFold artifact (or float model), one PDB each."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ptq_protein.cli.common import add_json_option, add_runtime_options, print_json, resolve_device, show_progress
+from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, is_artifact, load_float_model
+
+EXAMPLES = """examples:
+  ptq-protein fold runs/tiny-esmfold-w8a8-pwlq --fasta targets.fasta --out preds/
+  ptq-protein fold esmfold --fasta targets.fasta --out preds-fp/          # the float model, for comparison
+"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("fold", help="fold sequences with an ESMFold artifact or model, write PDB files",
+                              description="Fold every sequence of a FASTA file; writes OUT/<id>.pdb with pLDDT "
+                                          "(0-100) in the B-factor column.",
+                              epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="an artifact folder from 'ptq-protein quantize', or " + MODEL_HELP)
+    p.add_argument("--fasta", required=True, help="sequences to fold (FASTA, .gz allowed)")
+    p.add_argument("--out", required=True, help="folder for the PDB files")
+    p.add_argument("--num-recycles", type=int, help="recycles (default: the model's)")
+    add_model_options(p)
+    add_runtime_options(p)
+    add_json_option(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ptq_protein.adapters import ESM2_MAX_RESIDUES, ESM_ALPHABET_LETTERS
+    from ptq_protein.fasta import read_fasta
+    from ptq_protein.folding import fold_to_pdbs, require_esmfold
+
+    records = read_fasta(Path(args.fasta), alphabet=ESM_ALPHABET_LETTERS, max_length=ESM2_MAX_RESIDUES)
+    if is_artifact(args.model):
+        import ptq_protein as pp
+
+        model = pp.load(args.model, device=resolve_device(args.device))
+    else:
+        model = load_float_model(args, args.model).model
+    require_esmfold(model)
+    plddts = fold_to_pdbs(model, records, Path(args.out), args.num_recycles, progress=show_progress(args))
+    if args.json:
+        print_json({"out": args.out, "mean_plddt": plddts})
+    else:
+        for seq_id, plddt in plddts.items():
+            print(f"{seq_id}\tmean pLDDT {plddt:.1f}\t{Path(args.out) / seq_id}.pdb")
+    return 0

@@ -1,0 +1,59 @@
+"""``ptq-protein inspect``: per-site activation statistics on calibration data, table + histogram plots."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ptq_protein.cli.common import add_json_option, add_runtime_options, print_json, show_progress
+from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, load_float_model
+
+EXAMPLES = """examples:
+  ptq-protein inspect tiny-esmfold --calib casp14:5 --out runs/inspect
+  ptq-protein inspect esm2_t33_650M_UR50D --calib my.fasta --preset w8a8-uniform --json
+"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("inspect", help="per-site activation statistics (range, asymmetry, kurtosis, SQNR)",
+                              description="Calibrate on sequences and report, for each quantization site, its range, "
+                                          "asymmetry, kurtosis and the SQNR the chosen recipe would give.",
+                              epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help=MODEL_HELP)
+    p.add_argument("--calib", default="casp14:50", help="calibration sequences: FASTA or bundled set (default casp14:50)")
+    p.add_argument("--preset", default="w8a8-pwlq", help="recipe whose sites and quantizers are evaluated (default w8a8-pwlq)")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--top", type=int, default=9, help="plot the N most asymmetric sites (default 9)")
+    p.add_argument("--out", help="folder for report.json, report.md and histograms.png")
+    add_model_options(p)
+    add_runtime_options(p)
+    add_json_option(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import ptq_protein as pp
+    from ptq_protein.io_utils import atomic_write_text
+    from ptq_protein.report import report_markdown
+
+    loaded = load_float_model(args, args.model)
+    qmodel = pp.quantize(loaded.model, args.preset, calibration=args.calib, batch_size=args.batch_size,
+                         progress=show_progress(args), inplace=True)
+    state = qmodel.ptq_state
+    rows = [r for r in state.report if "count" in r]
+    if args.out:
+        out = Path(args.out)
+        atomic_write_text(out / "report.json", json.dumps(state.report, indent=2, default=str))
+        atomic_write_text(out / "report.md", report_markdown(state.report, title=f"{loaded.name} activations ({args.preset})"))
+        worst = sorted(rows, key=lambda r: -abs(r.get("asymmetry", 0.0)))[: args.top]
+        if worst:
+            from ptq_protein.plots import plot_site_histograms
+
+            plot_site_histograms(state.histograms, [r["site"] for r in worst], out / "histograms.png",
+                                 title=f"{loaded.name}: most asymmetric sites")
+    if args.json:
+        print_json(state.report)
+    else:
+        print(report_markdown(state.report, title=f"{loaded.name} activations ({args.preset})"))
+    return 0

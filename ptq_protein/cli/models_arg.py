@@ -1,0 +1,31 @@
+"""Model loading for CLI commands: a model name/path, or an artifact folder."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+MODEL_HELP = ("model name (tiny-esm2, tiny-esm2-hf, tiny-esmfold, esm2_t33_650M_UR50D, esmfold, facebook/esm2_t6_8M_UR50D, "
+              "...), a checkpoint path, or a Hugging Face folder; weights are read from local files only")
+
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--weights", metavar="PATH", help="checkpoint file or folder to use instead of the caches")
+
+
+def load_float_model(args: argparse.Namespace, name: str):
+    """LoadedModel for ``name`` on the requested device/dtype."""
+    import torch
+
+    from ptq_protein.cli.common import resolve_device
+    from ptq_protein.models.loading import load_model
+
+    torch.manual_seed(args.seed)
+    return load_model(name, weights=getattr(args, "weights", None), device=resolve_device(args.device),
+                      dtype=getattr(torch, _DTYPES[args.dtype]))
+
+
+def is_artifact(path: str) -> bool:
+    return (Path(path) / "recipe.json").exists()

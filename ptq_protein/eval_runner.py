@@ -1,0 +1,162 @@
+"""The loop shared by ``eval structure`` and ``eval contacts``: recipes x targets, resumable.
+
+For each recipe (``fp`` first): skip it entirely when every target already has
+a done row; otherwise quantize the float model once (calibrating on the
+calibration set) and evaluate each pending target, saving its row as soon as
+it is finished (:class:`~ptq_protein.results_store.ResultsStore`). Targets
+longer than the length cap get a ``skipped: length N > cap M`` row instead of
+failing the run; a target whose evaluation raises a ``RuntimeError`` or
+``ValueError`` (out of memory, an unreadable native) gets an ``error: ...`` row,
+which a resumed run retries.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple
+
+from torch import nn
+
+from ptq_protein.results_store import STATUS_OK, ResultsStore
+from ptq_protein.sets import BenchmarkSet, Target
+
+__all__ = ["FP_RECIPE", "RunOptions", "normalize_recipes", "run_recipes", "length_status", "prediction_path"]
+
+logger = logging.getLogger(__name__)
+
+FP_RECIPE = "fp"
+
+# evaluate(recipe, model, target) -> the row's metric columns (status/seconds are added here)
+EvaluateFn = Callable[[str, nn.Module, Target], Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to quantize and which targets to run.
+
+    ``calibration`` is a set spec (``"casp14:50"``), a FASTA path or a list of
+    sequences, as :func:`ptq_protein.quantize` takes it. ``max_length`` is the
+    length cap (targets above it are skipped, not fatal).
+    """
+
+    calibration: Any = "casp14:50"
+    max_length: int = 1022
+    batch_size: int = 4
+    num_recycles: Optional[int] = None
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("max_length", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a positive integer")
+        if self.num_recycles is not None and (not isinstance(self.num_recycles, int) or self.num_recycles < 0):
+            raise ValueError(f"num_recycles={self.num_recycles!r} must be a non-negative integer")
+
+
+def normalize_recipes(recipes: Iterable[str]) -> Tuple[str, ...]:
+    """Validated preset names, ``fp`` first (added when missing: every recipe is compared with it), no repeats.
+
+    Example: ``"w8a8-pwlq,fp,w8a8-pwlq"`` -> ``("fp", "w8a8-pwlq")``.
+    """
+    from ptq_protein.presets import PRESETS
+
+    names = [r.strip() for r in (recipes.split(",") if isinstance(recipes, str) else recipes) if r.strip()]
+    unknown = [r for r in names if r not in PRESETS]
+    if unknown:
+        raise ValueError(f"unknown recipe(s) {unknown}; choose from {', '.join(PRESETS)}")
+    ordered = [FP_RECIPE] + [r for r in names if r != FP_RECIPE]
+    return tuple(dict.fromkeys(ordered))
+
+
+def length_status(target: Target, cap: int) -> Optional[str]:
+    """``"skipped: length N > cap M"`` for a target over the cap, else None."""
+    return f"skipped: length {target.length} > cap {cap}" if target.length > cap else None
+
+
+def run_recipes(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[str], store: ResultsStore,
+                evaluate: EvaluateFn, options: RunOptions) -> Dict[str, int]:
+    """Evaluate every (recipe, target) not yet done in ``store``; returns counts per status kind.
+
+    Parameters
+    ----------
+    model : the float model (never modified; each recipe works on a quantized copy).
+    bench : the evaluation targets, in the order to run them.
+    recipes : preset names, see :func:`normalize_recipes` (``fp`` runs first, so
+        later recipes can compare with the FP prediction).
+    store : where rows go; rows already done there are not redone.
+    evaluate : ``evaluate(recipe, model, target) -> {column: value}`` for one target.
+    """
+    counts = {"ok": 0, "skipped": 0, "error": 0, "resumed": 0}
+    for recipe in normalize_recipes(recipes):
+        pending = [t for t in bench.targets if not store.is_done(recipe, t.id)]
+        counts["resumed"] += len(bench.targets) - len(pending)
+        if not pending:
+            logger.info("%s: all %d targets already done", recipe, len(bench.targets))
+            continue
+        runnable = []
+        for target in pending:
+            status = length_status(target, options.max_length)
+            if status is None:
+                runnable.append(target)
+                continue
+            logger.warning("%s: target %s %s (the model's limit); recorded, not run", recipe, target.id, status[9:])
+            store.put({"target": target.id, "recipe": recipe, "length": target.length, "status": status})
+            counts["skipped"] += 1
+        if runnable:
+            qmodel = _quantized(model, recipe, options)
+            for target in _progress(runnable, recipe, options.progress):
+                counts[_run_one(qmodel, recipe, target, store, evaluate)] += 1
+            del qmodel
+    return counts
+
+
+def prediction_path(out_dir: Path, kind: str, recipe: str, target_id: str, suffix: str) -> Path:
+    """``OUT/<kind>/<recipe>/<target><suffix>``; characters unsafe in file names become ``_``."""
+    stem = "".join(c if c.isalnum() or c in "._-" else "_" for c in target_id)
+    return Path(out_dir) / kind / recipe / f"{stem}{suffix}"
+
+
+def _quantized(model: nn.Module, recipe: str, options: RunOptions) -> nn.Module:
+    """The float model itself for ``fp`` (no copy: it is never modified), else a quantized copy."""
+    if recipe == FP_RECIPE:
+        return model
+    import ptq_protein as pp
+
+    start = time.perf_counter()
+    logger.info("%s: quantizing (calibration: %s)", recipe, _describe(options.calibration))
+    qmodel = pp.quantize(model, recipe, calibration=options.calibration, batch_size=options.batch_size,
+                         progress=options.progress, num_recycles=options.num_recycles)
+    logger.info("%s: quantized in %.1f s", recipe, time.perf_counter() - start)
+    return qmodel
+
+
+def _run_one(model: nn.Module, recipe: str, target: Target, store: ResultsStore, evaluate: EvaluateFn) -> str:
+    start = time.perf_counter()
+    base = {"target": target.id, "recipe": recipe, "length": target.length}
+    try:
+        metrics = dict(evaluate(recipe, model, target))
+    except (RuntimeError, ValueError) as e:  # one bad target must not lose a long run
+        logger.warning("%s: target %s failed: %s: %s (recorded; retried on resume)", recipe, target.id,
+                       type(e).__name__, e)
+        store.put({**base, "status": f"error: {type(e).__name__}: {' '.join(str(e).split())[:200]}"})
+        return "error"
+    store.put({**base, **metrics, "status": STATUS_OK, "seconds": time.perf_counter() - start})
+    return "ok"
+
+
+def _progress(targets: Sequence[Target], recipe: str, show: bool) -> Iterable[Target]:
+    if not show:
+        return targets
+    from tqdm.auto import tqdm
+
+    return tqdm(targets, desc=recipe, unit="target")
+
+
+def _describe(calibration: Any) -> str:
+    if isinstance(calibration, (list, tuple)):
+        return f"{len(calibration)} sequences"
+    return str(calibration)

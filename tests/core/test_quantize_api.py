@@ -1,0 +1,148 @@
+"""End-to-end behaviour of pp.quantize on tiny models of the real classes."""
+
+import math
+
+import pytest
+import torch
+
+import ptq_protein as pp
+from ptq_protein.adapters import get_adapter
+from ptq_protein.config import QuantConfig, SiteKind, TensorQuant
+from ptq_protein.errors import InputError
+from ptq_protein.fidelity import relative_error
+from ptq_protein.presets import PRESETS
+
+
+def _logits(model, seqs):
+    batch = get_adapter(model).make_batch(seqs)
+    with torch.no_grad():
+        return model(batch.inputs["tokens"])["logits"]
+
+
+def test_all_sites_disabled_is_bit_identical(esm2, seqs):
+    for config in (QuantConfig(kinds=()), PRESETS["fp"], QuantConfig(exclude=("*",), kinds=())):
+        q = pp.quantize(esm2, config)
+        assert torch.equal(_logits(esm2, seqs[:2]), _logits(q, seqs[:2]))
+
+
+def test_caller_model_is_not_modified(esm2, seqs):
+    before = {k: v.clone() for k, v in esm2.state_dict().items()}
+    pp.quantize(esm2, "w8a8-pwlq", calibration=seqs)
+    after = esm2.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert not hasattr(esm2, "ptq_state")
+
+
+def test_pwlq_beats_uniform_on_outlier_model(esm2, seqs):
+    """Trained-ESM-like outlier channels: PWLQ A8 keeps logits closer to FP than uniform A8."""
+    ref = _logits(esm2, seqs)
+    errors = {}
+    for preset in ("w8a8-uniform", "w8a8-pwlq"):
+        q = pp.quantize(esm2, preset, calibration=seqs, batch_size=2)
+        errors[preset] = relative_error(ref, _logits(q, seqs))
+    print("logits relative error", errors)
+    assert errors["w8a8-pwlq"] < 0.8 * errors["w8a8-uniform"], errors
+
+
+@pytest.mark.parametrize("preset", [p for p in PRESETS if p != "fp"])
+def test_every_preset_runs_on_hf_esm2(hf_esm2, seqs, preset):
+    q = pp.quantize(hf_esm2, preset, calibration=seqs, batch_size=2)
+    batch = get_adapter(hf_esm2).make_batch(seqs[:2])
+    with torch.no_grad():
+        out = q(**batch.inputs).logits
+    assert torch.isfinite(out).all()
+    assert q.ptq_state.quantized, "some site must be quantized"
+
+
+@pytest.mark.parametrize("preset", ["w8a8-uniform", "w8a8-pwlq", "w8-only", "w4a8-pwlq", "w6a6-pwlq", "w8a8-pwlq-all"])
+def test_esmfold_presets_infer_without_nan(esmfold, seqs, preset):
+    q = pp.quantize(esmfold, preset, calibration=seqs[:3], batch_size=2, num_recycles=0)
+    groups = {s.group for s in q.ptq_state.sites}
+    assert {"esm", "trunk", "structure"} <= groups
+    out = q.infer(seqs[1])
+    assert torch.isfinite(out["positions"]).all() and torch.isfinite(out["plddt"]).all()
+
+
+def test_site_groups_select(esmfold, seqs):
+    q = pp.quantize(esmfold, QuantConfig(groups=("trunk",)), calibration=seqs[:2], num_recycles=0)
+    assert {s.group for s in q.ptq_state.sites} == {"trunk"}
+    with pytest.raises(ValueError, match="unknown site groups"):
+        pp.quantize(esmfold, QuantConfig(groups=("nope",)), calibration=seqs[:2])
+
+
+def test_heads_stay_fp(esm2, seqs):
+    q = pp.quantize(esm2, "w8a8-pwlq", calibration=seqs)
+    names = {s.name for s in q.ptq_state.sites}
+    assert not any(n.startswith(("lm_head", "contact_head")) for n in names)
+    assert any(n.endswith("self_attn_layer_norm") for n in names)
+
+
+def test_esm1b_fast_path_is_disabled_so_sites_fire(seqs):
+    import argparse
+
+    import esm
+
+    args = argparse.Namespace(arch="roberta_large", layers=2, embed_dim=32, ffn_embed_dim=64, attention_heads=4,
+                              max_positions=1024, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                              final_bias=True)
+    torch.manual_seed(0)
+    model = esm.model.esm1.ProteinBertModel(args, esm.data.Alphabet.from_architecture("ESM-1b")).eval()
+    q = pp.quantize(model, "w8a8-uniform", calibration=seqs)
+    assert not q.ptq_state.fp_sites, q.ptq_state.fp_sites
+    assert any("q_proj" in n for n in q.ptq_state.quantized)
+
+
+def test_report_has_statistics(esm2, seqs):
+    q = pp.quantize(esm2, "w8a8-pwlq", calibration=seqs)
+    rows = [r for r in q.ptq_state.report if "count" in r]
+    assert rows and all(math.isfinite(r["kurtosis"]) and -1 <= r["asymmetry"] <= 1 for r in rows)
+    assert all(r["sqnr_db"] > 10 for r in rows), [r["sqnr_db"] for r in rows]
+
+
+# -- bad input -------------------------------------------------------------------------
+
+def test_bad_inputs(esm2, seqs):
+    with pytest.raises(ValueError, match="unknown preset"):
+        pp.quantize(esm2, "w9a9")
+    with pytest.raises(ValueError, match="outside 2..16"):
+        TensorQuant(bits=17)
+    with pytest.raises(ValueError, match="outside 2..16"):
+        TensorQuant(bits=1)
+    with pytest.raises(InputError, match="empty"):
+        pp.quantize(esm2, "w8a8-pwlq", calibration=[])
+    with pytest.raises(InputError, match="needs calibration"):
+        pp.quantize(esm2, "w8a8-pwlq")
+    with pytest.raises(InputError, match="J"):
+        pp.quantize(esm2, "w8a8-pwlq", calibration=["MKTJAY"])
+    with pytest.raises(InputError, match="1022"):
+        pp.quantize(esm2, "w8a8-pwlq", calibration=["A" * 1023])
+    with pytest.raises(TypeError, match="does not know"):
+        pp.quantize(torch.nn.Sequential(torch.nn.ReLU()), "w8a8-pwlq", calibration=seqs)
+    with pytest.raises(InputError, match="selects no site"):
+        pp.quantize(esm2, QuantConfig(include=("no.such.*",)), calibration=seqs)
+
+
+def test_nan_activations_are_reported_with_the_site(esm2, seqs):
+    import copy
+
+    broken = copy.deepcopy(esm2)
+    with torch.no_grad():
+        broken.layers[0].fc1.weight[0, 0] = float("nan")
+    with pytest.raises(InputError, match=r"NaN in activations at site layers\.0\.fc2"):
+        pp.quantize(broken, "w8a8-pwlq", calibration=seqs)
+
+
+def test_zero_range_activation_site_is_safe():
+    """A constant (all-zero) site gets a valid quantizer that is exact at zero."""
+    from ptq_protein.calibrate import SiteStats
+    from ptq_protein.qparams import activation_quantizer
+    from ptq_protein.sites import Site
+
+    for preset in ("w8a8-uniform", "w8a8-pwlq"):
+        spec = PRESETS[preset].activations
+        stats = SiteStats(Site("x", SiteKind.LINEAR, "esm", "Linear", False), spec)
+        stats.update(torch.zeros(10, 4))
+        quant = activation_quantizer(spec, stats)
+        x = torch.zeros(3, 4)
+        assert torch.equal(quant(x), x)
+        assert torch.isfinite(quant(torch.ones(2, 4))).all()
