@@ -98,7 +98,8 @@ def _specs_for(sites: Sequence[Site], config: QuantConfig) -> Dict[str, TensorQu
 
 def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwlq",
              calibration: CalibrationArg = None, *, batch_size: int = 4, backend: Optional[str] = None,
-             inplace: bool = False, progress: bool = False, num_recycles: Optional[int] = None) -> nn.Module:
+             inplace: bool = False, progress: bool = False, num_recycles: Optional[int] = None,
+             calib_max_length: Optional[int] = None) -> nn.Module:
     """Quantize an ESM model (fair-esm or transformers) and return it, called like the original.
 
     Parameters
@@ -113,6 +114,9 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     backend : ``"fake"`` (simulation) or ``"int8"`` (integer GEMMs); overrides the config.
     inplace : modify ``model`` itself instead of a deep copy.
     num_recycles : ESMFold only: recycles during calibration (default: the model's).
+    calib_max_length : crop calibration sequences longer than this to their central
+        window of this many residues (None keeps them whole). ESMFold's triangle
+        attention is cubic in length, so long sequences dominate CPU calibration.
 
     Example
     -------
@@ -137,7 +141,7 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     calib_info, stats = None, {}
     if static_sites:
         name, seqs = resolve_calibration(calibration)
-        seqs = adapter.validate(seqs, where="calibration")
+        seqs = [_crop(s, calib_max_length) for s in adapter.validate(seqs, where="calibration")]
         extra = {"num_recycles": num_recycles} if num_recycles is not None else {}
         stats = calibrate(qmodel, adapter, static_sites, _specs_for(static_sites, cfg), seqs,
                           batch_size=batch_size, progress=progress, forward_kwargs=extra)
@@ -159,6 +163,13 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     histograms = {name: st.histogram.support() for name, st in stats.items() if st.count}
     qmodel.ptq_state = QuantState(cfg, adapter.family, chosen, done, calib_info, report, fp_sites, histograms)
     return qmodel
+
+
+def _crop(seq: str, max_length: Optional[int]) -> str:
+    if not max_length or len(seq) <= max_length:
+        return seq
+    start = (len(seq) - max_length) // 2
+    return seq[start:start + max_length]
 
 
 def _check_backend(cfg: QuantConfig) -> None:

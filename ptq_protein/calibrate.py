@@ -31,6 +31,10 @@ __all__ = ["SiteStats", "calibrate", "collect_stats"]
 log = logging.getLogger(__name__)
 
 HISTOGRAM_BINS = 2048
+# Per call, moments/histogram/top-k see at most this many values (a fixed-stride subset of
+# the valid rows); min/max always see every value. ESMFold's pair tensors hold L^2 x C
+# values per call, so exact statistics would cost more than the forward pass itself.
+MAX_SAMPLED_VALUES = 1 << 18
 
 
 @dataclass
@@ -60,12 +64,16 @@ class SiteStats:
         """``values``: [n, C] valid activations of one call."""
         if values.numel() == 0:
             return
-        flat = values.reshape(-1)
-        self.moments.update(flat)
-        self.histogram.update(flat)
-        self.minmax.update(values if self.spec.granularity is Granularity.PER_CHANNEL else flat)
+        per_channel = self.spec.granularity is Granularity.PER_CHANNEL
+        self.minmax.update(values if per_channel else values.reshape(-1))
+        stride = -(-values.numel() // MAX_SAMPLED_VALUES)
+        sample = values[::stride].reshape(-1) if stride > 1 else values.reshape(-1)
+        if stride > 1:  # keep this call's exact extremes in the histogram's support
+            sample = torch.cat([sample, torch.stack(torch.aminmax(values))])
+        self.moments.update(sample)
+        self.histogram.update(sample)
         if self.topk is not None:
-            self.topk.update(flat)
+            self.topk.update(sample)
 
 
 def _first_tensor(args, kwargs) -> Optional[torch.Tensor]:

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, T
 
 from torch import nn
 
+from ptq_protein.adapters import ESM2_MAX_RESIDUES
 from ptq_protein.results_store import STATUS_OK, ResultsStore
 from ptq_protein.sets import BenchmarkSet, Target
 
@@ -28,6 +29,7 @@ __all__ = ["FP_RECIPE", "RunOptions", "normalize_recipes", "run_recipes", "lengt
 logger = logging.getLogger(__name__)
 
 FP_RECIPE = "fp"
+_LENGTH_SKIP = "skipped: length "
 
 # evaluate(recipe, model, target) -> the row's metric columns (status/seconds are added here)
 EvaluateFn = Callable[[str, nn.Module, Target], Mapping[str, Any]]
@@ -35,7 +37,7 @@ EvaluateFn = Callable[[str, nn.Module, Target], Mapping[str, Any]]
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How to quantize and which targets to run.
+    """How to quantize the model and run each target.
 
     ``calibration`` is a set spec (``"casp14:50"``), a FASTA path or a list of
     sequences, as :func:`ptq_protein.quantize` takes it. ``max_length`` is the
@@ -43,7 +45,7 @@ class RunOptions:
     """
 
     calibration: Any = "casp14:50"
-    max_length: int = 1022
+    max_length: int = ESM2_MAX_RESIDUES
     batch_size: int = 4
     num_recycles: Optional[int] = None
     progress: bool = False
@@ -74,7 +76,7 @@ def normalize_recipes(recipes: Iterable[str]) -> Tuple[str, ...]:
 
 def length_status(target: Target, cap: int) -> Optional[str]:
     """``"skipped: length N > cap M"`` for a target over the cap, else None."""
-    return f"skipped: length {target.length} > cap {cap}" if target.length > cap else None
+    return f"{_LENGTH_SKIP}{target.length} > cap {cap}" if target.length > cap else None
 
 
 def run_recipes(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[str], store: ResultsStore,
@@ -92,7 +94,7 @@ def run_recipes(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[str], s
     """
     counts = {"ok": 0, "skipped": 0, "error": 0, "resumed": 0}
     for recipe in normalize_recipes(recipes):
-        pending = [t for t in bench.targets if not store.is_done(recipe, t.id)]
+        pending = [t for t in bench.targets if _pending(store, recipe, t, options.max_length)]
         counts["resumed"] += len(bench.targets) - len(pending)
         if not pending:
             logger.info("%s: all %d targets already done", recipe, len(bench.targets))
@@ -103,13 +105,15 @@ def run_recipes(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[str], s
             if status is None:
                 runnable.append(target)
                 continue
-            logger.warning("%s: target %s %s (the model's limit); recorded, not run", recipe, target.id, status[9:])
+            logger.warning("%s: target %s not run: %s (recorded in the table)", recipe, target.id, status[len("skipped: "):])
             store.put({"target": target.id, "recipe": recipe, "length": target.length, "status": status})
             counts["skipped"] += 1
         if runnable:
             qmodel = _quantized(model, recipe, options)
-            for target in _progress(runnable, recipe, options.progress):
-                counts[_run_one(qmodel, recipe, target, store, evaluate)] += 1
+            for i, target in enumerate(_progress(runnable, recipe, options.progress), 1):
+                outcome = _run_one(qmodel, recipe, target, store, evaluate)
+                counts[outcome] += 1
+                logger.info("%s: %d/%d %s %s", recipe, i, len(runnable), target.id, outcome)
             del qmodel
     return counts
 
@@ -120,14 +124,26 @@ def prediction_path(out_dir: Path, kind: str, recipe: str, target_id: str, suffi
     return Path(out_dir) / kind / recipe / f"{stem}{suffix}"
 
 
+def _pending(store: ResultsStore, recipe: str, target: Target, cap: int) -> bool:
+    """Not done yet, or skipped by a smaller length cap than this run's."""
+    row = store.get(recipe, target.id)
+    if row is None or not store.is_done(recipe, target.id):
+        return True
+    return row["status"].startswith(_LENGTH_SKIP) and target.length <= cap
+
+
 def _quantized(model: nn.Module, recipe: str, options: RunOptions) -> nn.Module:
     """The float model itself for ``fp`` (no copy: it is never modified), else a quantized copy."""
     if recipe == FP_RECIPE:
         return model
     import ptq_protein as pp
 
+    from ptq_protein.presets import resolve_config
+    from ptq_protein.qparams import needs_calibration
+
+    calibrated = needs_calibration(resolve_config(recipe).activations)
     start = time.perf_counter()
-    logger.info("%s: quantizing (calibration: %s)", recipe, _describe(options.calibration))
+    logger.info("%s: quantizing%s", recipe, f" (calibration: {_describe(options.calibration)})" if calibrated else "")
     qmodel = pp.quantize(model, recipe, calibration=options.calibration, batch_size=options.batch_size,
                          progress=options.progress, num_recycles=options.num_recycles)
     logger.info("%s: quantized in %.1f s", recipe, time.perf_counter() - start)

@@ -210,7 +210,10 @@ def _as_float(value: Any) -> Optional[float]:
 
 
 def _fmt(value: float) -> str:
-    return "—" if math.isnan(value) else f"{value:.4f}"
+    """4 decimals; small non-zero values (errors vs FP) in scientific notation so they do not read as 0."""
+    if math.isnan(value):
+        return "—"
+    return f"{value:.2e}" if 0 < abs(value) < 1e-3 else f"{value:.4f}"
 
 
 def _limits(values: Sequence[float]) -> Tuple[float, float]:

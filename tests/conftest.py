@@ -11,7 +11,7 @@ try:
 
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    torch.set_num_threads(1)  # tiny models: thread start-up costs more than it saves
 except ImportError:  # pragma: no cover
     pass
 

@@ -70,9 +70,10 @@ def run(args: argparse.Namespace) -> int:
     cap = args.max_length or loaded.max_length or ESM2_MAX_RESIDUES
     options = RunOptions(calibration=args.calib, max_length=cap, batch_size=args.batch_size,
                          num_recycles=args.num_recycles, progress=show_progress(args))
+    # What must match for a resumed run (recipes, targets, limit and length cap may change).
     run_info = {"model": args.model, "weights": args.weights, "model_source": loaded.source,
-                "model_sha256": loaded.source_sha256, "set": _set_identity(args.set_spec), "calibration": args.calib,
-                "max_length": cap, "num_recycles": args.num_recycles, "dtype": args.dtype, "seed": args.seed}
+                "model_sha256": loaded.source_sha256, "set": _set_identity(args.set_spec),
+                "calibration": args.calib, "num_recycles": args.num_recycles, "dtype": args.dtype, "seed": args.seed}
     note = TINY_NOTE if str(loaded.source).startswith("tiny:") else ""
     if args.eval_kind == "structure":
         from ptq_protein.eval_structure import evaluate_structure as evaluate

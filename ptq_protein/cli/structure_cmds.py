@@ -32,7 +32,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=run_tmscore)
 
     p = subparsers.add_parser("lddt", help="lDDT of a model against a native (CA-only or all-atom)",
-                              description="Superposition-free lDDT (15 Å inclusion radius, 0.5/1/2/4 Å thresholds).",
+                              description="Superposition-free lDDT (15 A inclusion radius, 0.5/1/2/4 A thresholds).",
                               epilog=LDDT_EXAMPLES, formatter_class=formatter)
     _add_structure_args(p)
     p.add_argument("--mode", default="auto", choices=["auto", "ca", "all"],
@@ -77,7 +77,7 @@ def run_tmscore(args: argparse.Namespace) -> int:
         return 0
     print(f"model      {args.model}\nnative     {args.native} (length {result.length}, scores normalised by it)")
     print(f"pairs      {result.n_aligned} residues in common (pairing by {args.pairing})")
-    print(f"TM-score   {result.tm_score:.4f}\nRMSD       {result.rmsd:.3f} Å (all common residues)")
+    print(f"TM-score   {result.tm_score:.4f}\nRMSD       {result.rmsd:.3f} A (all common residues)")
     print(f"GDT-TS     {result.gdt_ts:.4f}\nGDT-HA     {result.gdt_ha:.4f}")
     return 0
 

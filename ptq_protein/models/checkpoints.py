@@ -1,0 +1,179 @@
+"""Read PyTorch ``.pt`` checkpoints without running code from them.
+
+fair-esm checkpoints are pickles. ESM-2/ESM-1b files hold tensors plus
+``argparse.Namespace`` configs; ESMFold's ``esmfold_3B_v1.pt`` also holds an
+omegaconf ``DictConfig`` (omegaconf is not even a dependency here). So:
+
+1. ``torch.load(weights_only=True)`` with ``argparse.Namespace`` allowed for
+   this one call (``torch.serialization.safe_globals``, not a global change).
+   A Namespace is a plain attribute bag: building one runs no user code.
+2. If the file needs other classes, it is read again with an *inert*
+   unpickler: only torch's own weights-only allowlist (tensor rebuild
+   functions, dtypes, OrderedDict, ...) plus Namespace resolve to real
+   objects; every other class becomes a :class:`Unloaded` placeholder that
+   only records its arguments, so no foreign code is imported or run. The
+   tensors come back intact; the configs inside do not (callers take the
+   config from elsewhere, e.g. the ESMFold v1 config).
+3. ``allow_pickle=True`` (the user vouches for the file) does a full
+   ``weights_only=False`` load instead of step 2.
+
+Anything that still fails is reported as a corrupt file (:class:`InputError`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import logging
+import os
+import pickle
+from pathlib import Path
+from typing import Any, Dict, Tuple, Union
+
+import torch
+
+from ptq_protein.errors import InputError
+
+__all__ = ["Unloaded", "load_torch_checkpoint", "split_state", "file_sha256"]
+
+logger = logging.getLogger(__name__)
+
+_HASH_CHUNK = 1 << 20
+
+
+class Unloaded:
+    """Stand-in for a pickled object whose class was not allowed; holds only what the pickle passed."""
+
+    qualified_name = "?"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args, self.kwargs, self.state, self.items = args, kwargs, None, {}
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def __call__(self, *args: Any, **kwargs: Any) -> "Unloaded":
+        # a pickled call whose callable was itself replaced (e.g. getattr(obj, "method")(...))
+        return Unloaded(*args, **kwargs)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.items[key] = value
+
+    def append(self, value: Any) -> None:
+        self.items[len(self.items)] = value
+
+    def extend(self, values: Any) -> None:
+        for value in values:
+            self.append(value)
+
+    def __repr__(self) -> str:
+        return f"<Unloaded {self.qualified_name}>"
+
+
+def load_torch_checkpoint(path: Union[str, os.PathLike], *, allow_pickle: bool = False) -> Any:
+    """Load a ``.pt`` file onto the CPU as safely as its contents allow (see the module docstring).
+
+    Raises
+    ------
+    InputError
+        The file is missing, truncated, or not a PyTorch checkpoint.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"checkpoint {path} does not exist; check the path")
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first_error = e
+    except Exception as e:  # noqa: BLE001 -- zip, EOF and key errors all mean an unreadable file
+        raise _corrupt(path, e) from e
+    try:
+        if allow_pickle:
+            logger.warning("loading %s with full unpickling (allow_pickle=True): only do this for files you trust",
+                           path)
+            return torch.load(path, map_location="cpu", weights_only=False)
+        unpickler = _InertPickle()
+        data = torch.load(path, map_location="cpu", weights_only=False, pickle_module=unpickler)
+    except Exception as e:  # noqa: BLE001 -- any failure here means the file cannot be read safely
+        raise _corrupt(path, e, first_error) from e
+    logger.info("%s holds non-tensor objects %s; they were kept as inert placeholders, not executed",
+                path, sorted(unpickler.replaced))
+    return data
+
+
+def file_sha256(path: Union[str, os.PathLike]) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(_HASH_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# --- inert unpickling ------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def _allowed_globals() -> Dict[str, Any]:
+    """torch's weights-only allowlist (private API; a minimal list if it moves) plus argparse.Namespace."""
+    try:
+        from torch._weights_only_unpickler import _get_allowed_globals
+
+        allowed = dict(_get_allowed_globals())
+    except (ImportError, AttributeError):  # pragma: no cover - depends on the torch version
+        allowed = {"collections.OrderedDict": __import__("collections").OrderedDict,
+                   "torch._utils._rebuild_tensor_v2": torch._utils._rebuild_tensor_v2,
+                   "torch._utils._rebuild_parameter": torch._utils._rebuild_parameter,
+                   "torch.Size": torch.Size}
+    allowed["argparse.Namespace"] = argparse.Namespace
+    return allowed
+
+
+@functools.lru_cache(maxsize=None)
+def _placeholder(qualified_name: str) -> type:
+    return type(qualified_name.rsplit(".", 1)[-1], (Unloaded,), {"qualified_name": qualified_name})
+
+
+class _InertPickle:
+    """A ``pickle_module`` for ``torch.load`` whose Unpickler resolves only allowed globals."""
+
+    def __init__(self) -> None:
+        self.replaced = set()
+        outer = self
+
+        class Unpickler(pickle.Unpickler):
+            def find_class(self, module: str, name: str) -> Any:
+                qualified = f"{module}.{name}"
+                allowed = _allowed_globals().get(qualified)
+                if allowed is not None:
+                    return allowed
+                outer.replaced.add(qualified)
+                return _placeholder(qualified)
+
+        self.Unpickler = Unpickler
+        # torch's legacy (non-zip) reader calls pickle_module.load: keep it inert too.
+        self.load = lambda handle, **kwargs: Unpickler(handle, **kwargs).load()
+        self.__name__ = "ptq_protein_inert_pickle"
+
+
+def _corrupt(path: Path, error: BaseException, first: BaseException = None) -> InputError:
+    detail = _first_sentence(error)
+    if first is not None:
+        detail += f" (weights-only load: {_first_sentence(first)})"
+    return InputError(f"checkpoint {path} could not be read as a PyTorch file: {detail}; "
+                      "it may be truncated or corrupt: re-download it")
+
+
+def _first_sentence(error: BaseException, limit: int = 160) -> str:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return f"{type(error).__name__}: {text.split('. ')[0][:limit]}"
+
+
+def split_state(data: Any, path: Path) -> Tuple[Dict[str, torch.Tensor], Any]:
+    """(state dict, rest) of a fair-esm style ``{"model": state_dict, ...}`` checkpoint."""
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        raise InputError(f"checkpoint {path} is not a fair-esm checkpoint (no 'model' state dict); "
+                         "pass a fair-esm .pt file, or a Hugging Face folder")
+    return data["model"], {k: v for k, v in data.items() if k != "model"}

@@ -1,0 +1,173 @@
+"""fair-esm ESMFold checkpoints (``esmfold_3B_v1.pt``) -> transformers ``EsmForProteinFolding``.
+
+fair-esm's own ``ESMFold`` needs openfold (not installable here), so it is never
+imported; only its state-dict *names* are used. Learned from transformers'
+``convert_esm.py`` and fair-esm's ``esm/esmfold/v1``:
+
+* ``esm.*`` -- the ESM-2 stem -- is renamed by the ESM-2 table in
+  :mod:`ptq_protein.models.esm_keymap`; the stem's fair-esm LM head
+  (``esm.lm_head.*``) has no transformers counterpart in ESMFold and is dropped.
+* every other name is identical in both libraries (transformers re-implements
+  ``trunk``, ``esm_s_mlp``, ``esm_s_combine``, ``embedding``, ``distogram_head``,
+  ``ptm_head``, ``lm_head``, ``lddt_head`` and ``af2_to_esm`` with the openfold
+  attribute names; ``convert_esm.py`` copies them with a strict
+  ``load_state_dict``).
+
+fair-esm's ``esmfold_3B_v1.pt`` may omit the stem (fair-esm then loads
+``esm2_t36_3B_UR50D`` separately); :func:`load_fair_esmfold` then reads the
+stem from ``esm2_t36_3B_UR50D.pt`` beside it (or ``stem_path``).
+
+Config: the checkpoint's own config is an omegaconf object that is not
+unpickled (see :mod:`ptq_protein.models.checkpoints`), so the model is built
+from :func:`esmfold_v1_config` (the published v1 architecture: ESM-2 3B stem,
+48 trunk blocks) unless ``config=`` is given -- tests pass the tiny config.
+Every key must then line up: missing, unexpected or mis-shaped tensors are
+reported by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Dict, Optional, Tuple, Union
+
+import torch
+
+from ptq_protein.errors import InputError
+from ptq_protein.models.checkpoints import load_torch_checkpoint, split_state
+from ptq_protein.models.esm_keymap import KeyMapping, fair_esm2_to_hf, hf_to_fair_esm2, uses_per_layer_rotary
+from ptq_protein.models.resolve import ESMFOLD_FAIR_STEM, missing_weights, torch_checkpoints_dir
+from ptq_protein.models.tokens import esm_vocab
+
+__all__ = ["esmfold_v1_config", "fair_esmfold_to_hf", "hf_esmfold_to_fair", "load_fair_esmfold"]
+
+logger = logging.getLogger(__name__)
+
+_STEM = "esm."
+_CONTACT_HEAD = "esm.contact_head."
+_FAIR_PREFIXES = re.compile(r"^(encoder\.sentence_encoder\.|encoder\.)")  # fair-esm's ESM-2 upgrade_state_dict
+_SHOW = 8
+# ESM-2 3B (esm2_t36_3B_UR50D), the stem of ESMFold v1 (fair-esm esm/pretrained.py, Lin et al. 2023).
+_ESM2_3B = dict(num_hidden_layers=36, hidden_size=2560, num_attention_heads=40)
+
+
+def esmfold_v1_config(fp16_esm: bool = False):
+    """``EsmConfig`` of ESMFold v1 (transformers' ``EsmFoldConfig`` defaults are the v1 trunk)."""
+    from transformers import EsmConfig
+
+    from ptq_protein.models.tiny import hf_esm2_config
+
+    base = hf_esm2_config(num_layers=_ESM2_3B["num_hidden_layers"], embed_dim=_ESM2_3B["hidden_size"],
+                          heads=_ESM2_3B["num_attention_heads"], token_dropout=True)
+    return EsmConfig(**{**base.to_dict(), "is_folding_model": True, "vocab_list": list(esm_vocab()),
+                        "esmfold_config": dict(fp16_esm=fp16_esm)})
+
+
+def fair_esmfold_to_hf(state_dict: Dict[str, torch.Tensor], *, rotary_per_layer: bool = False) -> KeyMapping:
+    """Rename a fair-esm ESMFold state dict to transformers names (see the module docstring)."""
+    stem = {k[len(_STEM):]: v for k, v in state_dict.items() if k.startswith(_STEM)}
+    mapped = fair_esm2_to_hf(stem, enc_prefix=_STEM, head_prefix=None, rotary_per_layer=rotary_per_layer)
+    out = dict(mapped.state_dict)
+    out.update({k: v for k, v in state_dict.items() if not k.startswith(_STEM)})
+    return KeyMapping(out, tuple(_STEM + k for k in mapped.dropped), tuple(_STEM + k for k in mapped.unknown))
+
+
+def hf_esmfold_to_fair(state_dict: Dict[str, torch.Tensor]) -> KeyMapping:
+    """Rename transformers ESMFold names to fair-esm names (inverse of :func:`fair_esmfold_to_hf`)."""
+    stem = {k: v for k, v in state_dict.items() if k.startswith(_STEM)}
+    mapped = hf_to_fair_esm2(stem, enc_prefix=_STEM, head_prefix=None)
+    out = {_STEM + k: v for k, v in mapped.state_dict.items()}
+    out.update({k: v for k, v in state_dict.items() if not k.startswith(_STEM)})
+    return KeyMapping(out, mapped.dropped, mapped.unknown)
+
+
+def load_fair_esmfold(path: Union[str, os.PathLike], *, config=None, stem_path: Optional[Union[str, os.PathLike]] = None,
+                      allow_pickle: bool = False) -> Tuple[torch.nn.Module, Dict[str, object]]:
+    """Build ``EsmForProteinFolding`` from a fair-esm ESMFold checkpoint file.
+
+    Parameters
+    ----------
+    path
+        ``esmfold_3B_v1.pt``-style file: ``{"model": state_dict, "cfg": ...}``.
+    config
+        ``EsmConfig`` to build (default :func:`esmfold_v1_config`); ``fp16_esm`` is kept as given.
+    stem_path
+        fair-esm ESM-2 checkpoint for the stem when ``path`` has no ``esm.*`` keys
+        (default ``<torch hub>/checkpoints/esm2_t36_3B_UR50D.pt``).
+    allow_pickle
+        Fully unpickle the files (only for files you trust).
+
+    Returns
+    -------
+    (model in eval mode, info dict with ``stem_source`` and ``dropped_keys``)
+    """
+    from transformers import EsmForProteinFolding
+
+    path = Path(path)
+    state, _ = split_state(load_torch_checkpoint(path, allow_pickle=allow_pickle), path)
+    info: Dict[str, object] = {"stem_source": str(path)}
+    if not any(k.startswith(_STEM) for k in state):
+        stem_file = Path(stem_path) if stem_path else torch_checkpoints_dir() / f"{ESMFOLD_FAIR_STEM}.pt"
+        state = {**state, **_read_fair_stem(stem_file, path, allow_pickle)}
+        info["stem_source"] = str(stem_file)
+    config = config if config is not None else esmfold_v1_config()
+    with _skip_init():
+        model = EsmForProteinFolding(config)
+    mapped = fair_esmfold_to_hf(state, rotary_per_layer=uses_per_layer_rotary(model))
+    if mapped.unknown:
+        raise InputError(f"{path}: {len(mapped.unknown)} ESM-2 stem keys have no transformers name "
+                         f"(e.g. {list(mapped.unknown)[:_SHOW]}); is this an ESMFold v1 checkpoint?")
+    load_checked(model, _fill_contact_head(model, mapped.state_dict, path), where=str(path))
+    info["dropped_keys"] = list(mapped.dropped)
+    if mapped.dropped:
+        logger.info("%s: dropped %d keys ESMFold does not use (%s ...)", path, len(mapped.dropped), mapped.dropped[0])
+    return model.eval(), info
+
+
+def load_checked(model: torch.nn.Module, state_dict: Dict[str, torch.Tensor], *, where: str) -> None:
+    """``load_state_dict`` that names missing, unexpected and mis-shaped keys in one :class:`InputError`."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    shapes = sorted(f"{k} {tuple(state_dict[k].shape)} vs {tuple(expected[k].shape)}"
+                    for k in set(expected) & set(state_dict) if state_dict[k].shape != expected[k].shape)
+    problems = [f"{label} ({len(keys)}): {keys[:_SHOW]}" for label, keys in
+                (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes)) if keys]
+    if problems:
+        raise InputError(f"{where}: weights do not match {type(model).__name__} with this config: "
+                         + "; ".join(problems) + "; pass the matching config= or the right checkpoint")
+    model.load_state_dict(state_dict, strict=True)
+
+
+def _read_fair_stem(stem_file: Path, fold_file: Path, allow_pickle: bool) -> Dict[str, torch.Tensor]:
+    """A fair-esm ESM-2 checkpoint (+ its contact regression, if beside it) as ``esm.*`` ESMFold keys."""
+    if not stem_file.is_file():
+        raise missing_weights(f"ESM-2 stem of {fold_file.name}", [stem_file.name], [stem_file.parent])
+    stem_state, _ = split_state(load_torch_checkpoint(stem_file, allow_pickle=allow_pickle), stem_file)
+    regression = stem_file.with_name(f"{stem_file.stem}-contact-regression.pt")
+    if regression.is_file():
+        stem_state = {**stem_state, **split_state(load_torch_checkpoint(regression), regression)[0]}
+    return {_STEM + _FAIR_PREFIXES.sub("", k): v for k, v in stem_state.items()}
+
+
+def _fill_contact_head(model: torch.nn.Module, state: Dict[str, torch.Tensor], path: Path) -> Dict[str, torch.Tensor]:
+    """ESMFold never uses the stem's contact head; zero it (with a note) when the files lack it."""
+    absent = [k for k in model.state_dict() if k.startswith(_CONTACT_HEAD) and k not in state]
+    if absent:
+        logger.info("%s: no ESM-2 contact-regression weights (unused by ESMFold); %s set to zero", path, absent)
+    return {**state, **{k: torch.zeros_like(model.state_dict()[k]) for k in absent}}
+
+
+@contextlib.contextmanager
+def _skip_init():
+    """Skip random init of a model about to be overwritten (transformers >= 5 ``no_init_weights``); else no-op."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # pragma: no cover - transformers 4.x
+        yield
+        return
+    with no_init_weights():
+        yield

@@ -1,0 +1,302 @@
+"""``load_model``: one offline entry point for tiny, fair-esm and Hugging Face ESM models.
+
+Resolution of ``name_or_path`` (first match wins; nothing is ever downloaded):
+
+1. ``weights=PATH`` given: a folder is a transformers model folder, a file a
+   fair-esm ``.pt`` (an ESMFold file when the name is ``esmfold``/``esmfold_v1``
+   or the state dict has ``trunk.*`` keys).
+2. A tiny registry name, ``tiny-esm2``, ``tiny-esm2-hf``, ``tiny-esmfold``,
+   optionally ``@SEED`` (``tiny-esm2@3``) -- see :mod:`ptq_protein.models.tiny`.
+3. An existing path: folder -> transformers folder, file -> fair-esm ``.pt``.
+4. ``esmfold`` / ``esmfold_v1``: the HF cache ``facebook/esmfold_v1``, else
+   fair-esm's ``esmfold_3B_v1.pt`` in the torch hub (see :mod:`.esmfold_convert`).
+5. A fair-esm name (``esm2_t33_650M_UR50D``, ...; list in
+   :data:`~ptq_protein.models.resolve.FAIR_ESM_MODELS`): ``<torch hub>/checkpoints/<name>.pt``
+   (+ ``-contact-regression.pt`` if present), else the HF cache ``facebook/<name>``.
+6. ``org/name``: that repo in the HF cache.
+
+Otherwise :class:`~ptq_protein.errors.MissingWeightsError` lists the files and
+folders searched and how to provide them (folders: :mod:`.resolve`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from ptq_protein.errors import InputError
+from ptq_protein.fasta import ESM2_MAX_RESIDUES, ESM_AMINO_ACIDS, validate_sequence
+from ptq_protein.models import resolve
+from ptq_protein.models.checkpoints import file_sha256, load_torch_checkpoint, split_state
+from ptq_protein.models.esmfold_convert import load_fair_esmfold
+from ptq_protein.models.tiny import TINY_MODELS, build_tiny
+from ptq_protein.models.tokens import (esm_tokenizer, esmfold_tokenizer, tokenize_esmfold, tokenize_fair_esm,
+                                       tokenize_hf_esm)
+
+__all__ = ["ModelFamily", "LoadedModel", "load_model"]
+
+logger = logging.getLogger(__name__)
+
+_TINY_SEED = re.compile(r"(?P<name>[\w-]+)@(?P<seed>\d+)")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".json")
+
+
+class ModelFamily(str, enum.Enum):
+    """Which library and head a loaded model is."""
+
+    FAIR_ESM = "fair-esm"  # esm.model.esm2.ESM2 (or ESM-1b/1v ProteinBertModel)
+    HF_ESM = "hf-esm"  # transformers EsmForMaskedLM
+    HF_ESMFOLD = "hf-esmfold"  # transformers EsmForProteinFolding
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LoadedModel:
+    """A model plus what is needed to feed it and to record where it came from.
+
+    ``source`` is a file or folder path, or ``"tiny:<name>:seed=<n>"``;
+    ``source_sha256`` is the sha256 of the weights file (for a folder: of a
+    listing of its config and weight files' hashes), or None for tiny models or
+    when hashing was turned off. ``max_length`` is the longest accepted
+    sequence (1022 for ESM-2 language models; None for ESMFold).
+    """
+
+    model: torch.nn.Module
+    alphabet_or_tokenizer: Any
+    family: ModelFamily
+    name: str
+    source: str
+    source_sha256: Optional[str] = None
+    max_length: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "family", ModelFamily(self.family))
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def validate(self, sequences: Sequence[str]) -> List[str]:
+        """Cleaned, upper-case sequences; :class:`InputError` names the bad one and the fix."""
+        return [validate_sequence(s, alphabet=ESM_AMINO_ACIDS, max_length=self.max_length,
+                                  where=f"{self.name} input sequence {i + 1}") for i, s in enumerate(sequences)]
+
+    def tokenize(self, sequences: Sequence[str]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(tokens, mask) on the model's device: mask is True on real tokens, False on padding.
+
+        fair-esm / hf-esm: shape (B, L_max + 2), ESM ids with BOS/EOS (the two agree);
+        hf-esmfold: shape (B, L_max), AF2 residue indices as ``EsmForProteinFolding.forward`` takes them.
+        """
+        sequences = self.validate(sequences)
+        if self.family is ModelFamily.FAIR_ESM:
+            tokens, mask = tokenize_fair_esm(self.alphabet_or_tokenizer, sequences)
+        elif self.family is ModelFamily.HF_ESM:
+            tokens, mask = tokenize_hf_esm(self.alphabet_or_tokenizer, sequences)
+        else:
+            tokens, mask = tokenize_esmfold(sequences)
+        return tokens.to(self.device), mask.to(self.device)
+
+
+def load_model(name_or_path: Union[str, os.PathLike], weights: Optional[Union[str, os.PathLike]] = None,
+               device: Union[str, torch.device] = "cpu", dtype: torch.dtype = torch.float32, *,
+               seed: Optional[int] = None, config=None, fp16_esm: Optional[bool] = None,
+               allow_pickle: bool = False, hash_weights: bool = True) -> LoadedModel:
+    """Load a model by name or path, offline (resolution order in the module docstring).
+
+    Parameters
+    ----------
+    name_or_path
+        Tiny name (``tiny-esm2[@SEED]``), fair-esm name, ``esmfold``, HF repo id, or a path.
+    weights
+        Explicit checkpoint file or HF folder (overrides every search).
+    device, dtype
+        Where and in which floating dtype to put the model.
+    seed
+        Seed of a tiny model (default 0; also settable as ``name@SEED``).
+    config
+        ``EsmConfig`` for a fair-esm ESMFold file (default: the v1 config).
+    fp16_esm
+        ESMFold only: keep the ESM-2 stem in float16; default False on CPU, else the config's value.
+    allow_pickle
+        Fully unpickle ``.pt`` files (only for files you trust); default: tensors only.
+    hash_weights
+        Compute ``source_sha256`` (reads the whole file once).
+
+    Raises
+    ------
+    MissingWeightsError
+        Nothing local matches; the message lists what was searched.
+    InputError
+        Unknown name, corrupt file, or weights that do not fit the architecture.
+    """
+    name = str(name_or_path)
+    tiny = _TINY_SEED.fullmatch(name)
+    if tiny and tiny.group("name") in TINY_MODELS:
+        if seed is not None and seed != int(tiny.group("seed")):
+            raise InputError(f"{name!r} names seed {tiny.group('seed')} but seed={seed} was passed; give one")
+        name, seed = tiny.group("name"), int(tiny.group("seed"))
+    if weights is None and name in TINY_MODELS:
+        loaded = _load_tiny(name, 0 if seed is None else seed)
+    else:
+        loaded = _load_file(name, _locate(name, weights), config, allow_pickle, hash_weights)
+    return _place(loaded, device, dtype, fp16_esm)
+
+
+# --- resolution ----------------------------------------------------------------
+
+
+def _locate(name: str, weights: Optional[Union[str, os.PathLike]]) -> Path:
+    """The file or folder to load for ``name`` (see the module docstring)."""
+    if weights is not None:
+        path = Path(weights).expanduser()
+        if not path.exists():
+            raise resolve.missing_weights(name, [path.name], [path.parent])
+        return path
+    path = Path(name).expanduser()
+    if path.exists():
+        return path
+    short = name.split("/", 1)[1] if name.startswith("facebook/") else name
+    if short in resolve.ESMFOLD_NAMES:
+        return _search(name, [(resolve.ESMFOLD_HF_REPO, None), (None, resolve.ESMFOLD_FAIR_CHECKPOINT)])
+    if short in resolve.FAIR_ESM_MODELS:
+        order = [(None, f"{short}.pt"), (f"facebook/{short}", None)]
+        return _search(name, order[::-1] if name.startswith("facebook/") else order)
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", name):
+        return _search(name, [(name, None)])
+    known = list(TINY_MODELS) + list(resolve.ESMFOLD_NAMES) + list(resolve.FAIR_ESM_MODELS)
+    raise InputError(f"unknown model {name!r}: not a file or folder, nor one of {', '.join(known)}, "
+                     "nor a Hugging Face repo id (org/name); check the spelling or pass --weights PATH")
+
+
+def _search(name: str, order: Sequence[Tuple[Optional[str], Optional[str]]]) -> Path:
+    """Try (HF repo id, None) and (None, torch hub file name) candidates in order."""
+    files, folders = [], []
+    for repo_id, filename in order:
+        if repo_id is not None:
+            snapshot = resolve.hf_snapshot(repo_id)
+            if snapshot is not None:
+                return snapshot
+            files.append(f"{resolve.hf_repo_folder(repo_id).name}/snapshots/*/config.json")
+            folders.append(resolve.hf_hub_cache_dir())
+        else:
+            candidate = resolve.torch_checkpoints_dir() / filename
+            if candidate.is_file():
+                return candidate
+            files.append(filename)
+            folders.append(candidate.parent)
+    raise resolve.missing_weights(name, files, folders)
+
+
+# --- loaders -------------------------------------------------------------------
+
+
+def _load_tiny(name: str, seed: int) -> LoadedModel:
+    model, vocab, spec = build_tiny(name, seed=seed)
+    max_length = None if spec.family == ModelFamily.HF_ESMFOLD.value else ESM2_MAX_RESIDUES
+    return LoadedModel(model, vocab, spec.family, name, f"tiny:{name}:seed={seed}", None, max_length)
+
+
+def _load_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: bool) -> LoadedModel:
+    label = path.stem if name == str(path) else name
+    if path.is_dir():
+        if not resolve.is_hf_folder(path):
+            raise InputError(f"{path} is a folder but not a Hugging Face model folder (needs config.json and "
+                             "model.safetensors or pytorch_model.bin); point at the snapshot folder")
+        model, tokenizer, family = _load_hf_folder(path)
+        digest = _folder_sha256(path) if hash_weights else None
+        max_length = None if family is ModelFamily.HF_ESMFOLD else ESM2_MAX_RESIDUES
+        return LoadedModel(model, tokenizer, family, label, str(path), digest, max_length)
+    digest = file_sha256(path) if hash_weights else None
+    if name in resolve.ESMFOLD_NAMES or path.name == resolve.ESMFOLD_FAIR_CHECKPOINT:
+        model, _ = load_fair_esmfold(path, config=config, allow_pickle=allow_pickle)
+        return LoadedModel(model, esmfold_tokenizer(), ModelFamily.HF_ESMFOLD, label, str(path), digest, None)
+    data = load_torch_checkpoint(path, allow_pickle=allow_pickle)
+    state, _ = split_state(data, path)
+    if any(k.startswith("trunk.") for k in state):
+        model, _ = load_fair_esmfold(path, config=config, allow_pickle=allow_pickle)
+        return LoadedModel(model, esmfold_tokenizer(), ModelFamily.HF_ESMFOLD, label, str(path), digest, None)
+    model, alphabet = _load_fair_esm(label, path, data, allow_pickle)
+    return LoadedModel(model, alphabet, ModelFamily.FAIR_ESM, label, str(path), digest, ESM2_MAX_RESIDUES)
+
+
+def _load_fair_esm(name: str, path: Path, data: dict, allow_pickle: bool):
+    """fair-esm's own loader on already-read data (+ contact regression file beside it, if any)."""
+    import esm
+
+    regression_path = path.with_name(f"{path.stem}-contact-regression.pt")
+    regression = load_torch_checkpoint(regression_path, allow_pickle=allow_pickle) if regression_path.is_file() else None
+    if regression is None:
+        logger.info("%s: no %s beside it; contact prediction will be wrong", path, regression_path.name)
+    is_esm2 = isinstance(data.get("cfg"), dict) and "model" in data["cfg"]
+    # fair-esm picks its ESM-2 vs ESM-1 code path from the name; make it agree with the file's content.
+    core_name = name if name.startswith("esm2") == is_esm2 else ("esm2_local" if is_esm2 else "esm1_local")
+    try:
+        model, alphabet = esm.pretrained.load_model_and_alphabet_core(core_name, data, regression)
+    except RuntimeError as e:
+        raise InputError(f"{path}: weights do not fit the architecture its config describes: "
+                         f"{' '.join(str(e).split())[:400]}") from e
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        raise InputError(f"{path}: not a fair-esm checkpoint layout fair-esm can read ({type(e).__name__}: {e}); "
+                         "if you trust the file, try allow_pickle=True") from e
+    return model.eval(), alphabet
+
+
+def _load_hf_folder(folder: Path):
+    """EsmForMaskedLM or EsmForProteinFolding (from config.is_folding_model), all keys required."""
+    from transformers import EsmConfig, EsmForMaskedLM, EsmForProteinFolding, EsmTokenizer
+
+    try:
+        config = EsmConfig.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError, TypeError) as e:
+        raise InputError(f"{folder}/config.json is not an ESM config ({e}); point at an ESM-2 or ESMFold folder") from e
+    folding = bool(config.is_folding_model)
+    model_class = EsmForProteinFolding if folding else EsmForMaskedLM
+    try:
+        model, info = model_class.from_pretrained(folder, config=config, local_files_only=True,
+                                                  output_loading_info=True)
+    except Exception as e:  # noqa: BLE001 -- safetensors/torch raise many types for a bad file
+        raise InputError(f"{folder}: weights could not be read ({type(e).__name__}: {str(e)[:200]}); "
+                         "the files may be truncated: re-download them") from e
+    problems = {k: list(v) for k, v in info.items() if k in ("missing_keys", "mismatched_keys") and v}
+    if problems:
+        raise InputError(f"{folder}: weights do not fit {model_class.__name__}: "
+                         + "; ".join(f"{k} ({len(v)}): {v[:8]}" for k, v in problems.items()))
+    if info.get("unexpected_keys"):
+        logger.warning("%s: ignored %d unexpected keys (e.g. %s)", folder, len(info["unexpected_keys"]),
+                       list(info["unexpected_keys"])[:3])
+    if (folder / "vocab.txt").is_file():
+        tokenizer = EsmTokenizer.from_pretrained(folder, local_files_only=True)
+    else:
+        tokenizer = esmfold_tokenizer() if folding else esm_tokenizer(config.vocab_list or ())
+    family = ModelFamily.HF_ESMFOLD if folding else ModelFamily.HF_ESM
+    return model.eval(), tokenizer, family
+
+
+def _place(loaded: LoadedModel, device, dtype: torch.dtype, fp16_esm: Optional[bool]) -> LoadedModel:
+    """Move to device/dtype; for ESMFold optionally keep the stem in float16 (fair-esm's and HF's default on GPU)."""
+    if not dtype.is_floating_point:
+        raise InputError(f"dtype {dtype} is not a floating-point dtype; use float32, bfloat16 or float16")
+    model = loaded.model.to(device=device, dtype=dtype)
+    if loaded.family is ModelFamily.HF_ESMFOLD:
+        on_cpu = torch.device(device).type == "cpu"
+        half = (not on_cpu and bool(model.config.esmfold_config.fp16_esm)) if fp16_esm is None else fp16_esm
+        model.config.esmfold_config.fp16_esm = half
+        if half:
+            model.esm.half()
+    return dataclasses.replace(loaded, model=model.eval())
+
+
+def _folder_sha256(folder: Path) -> str:
+    """sha256 of "name sha256" lines for config.json and every weight file in ``folder``."""
+    names = sorted(p.name for p in folder.iterdir()
+                   if p.is_file() and (p.name == "config.json" or p.name.startswith(("model", "pytorch_model")))
+                   and p.name.endswith(_WEIGHT_SUFFIXES))
+    listing = "".join(f"{n} {file_sha256(folder / n)}\n" for n in names)
+    return hashlib.sha256(listing.encode("utf-8")).hexdigest()

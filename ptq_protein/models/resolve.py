@@ -1,0 +1,111 @@
+"""Where model weights live on disk, found without any network access.
+
+* fair-esm: ``<torch hub dir>/checkpoints/<name>.pt`` (+ optional
+  ``<name>-contact-regression.pt``); the hub dir is ``torch.hub.get_dir()``,
+  i.e. ``$TORCH_HOME/hub`` with ``TORCH_HOME`` defaulting to
+  ``$XDG_CACHE_HOME/torch`` or ``~/.cache/torch``.
+* Hugging Face: ``<hub cache>/models--<org>--<name>/snapshots/<revision>/``
+  where the hub cache is ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
+  ``$XDG_CACHE_HOME/huggingface/hub``, else ``~/.cache/huggingface/hub``
+  (huggingface_hub's rules). The revision is the one ``refs/main`` points to,
+  else the most recently modified snapshot that has a ``config.json``.
+
+Environment variables are read at call time, so tests can point them at temp folders.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable, List, Optional, Sequence
+
+import torch
+
+from ptq_protein.errors import MissingWeightsError
+
+__all__ = [
+    "FAIR_ESM_MODELS",
+    "ESMFOLD_NAMES",
+    "ESMFOLD_FAIR_CHECKPOINT",
+    "ESMFOLD_FAIR_STEM",
+    "ESMFOLD_HF_REPO",
+    "torch_checkpoints_dir",
+    "hf_hub_cache_dir",
+    "hf_snapshot",
+    "hf_repo_folder",
+    "is_hf_folder",
+    "fair_checkpoint_files",
+    "missing_weights",
+]
+
+#: fair-esm language models that ``load_model`` resolves by name.
+FAIR_ESM_MODELS = (
+    "esm2_t6_8M_UR50D", "esm2_t12_35M_UR50D", "esm2_t30_150M_UR50D", "esm2_t33_650M_UR50D",
+    "esm2_t36_3B_UR50D", "esm2_t48_15B_UR50D", "esm1b_t33_650M_UR50S",
+    "esm1v_t33_650M_UR90S_1", "esm1v_t33_650M_UR90S_2", "esm1v_t33_650M_UR90S_3",
+    "esm1v_t33_650M_UR90S_4", "esm1v_t33_650M_UR90S_5",
+)
+ESMFOLD_NAMES = ("esmfold", "esmfold_v1")
+#: fair-esm's ESMFold v1 file, and the ESM-2 whose weights it may leave out (fair-esm loads them separately).
+ESMFOLD_FAIR_CHECKPOINT = "esmfold_3B_v1.pt"
+ESMFOLD_FAIR_STEM = "esm2_t36_3B_UR50D"
+ESMFOLD_HF_REPO = "facebook/esmfold_v1"
+_HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                    "pytorch_model.bin.index.json")
+
+
+def torch_checkpoints_dir() -> Path:
+    """``torch.hub.get_dir()/checkpoints`` (honours ``TORCH_HOME`` at call time)."""
+    return Path(torch.hub.get_dir()) / "checkpoints"
+
+
+def hf_hub_cache_dir() -> Path:
+    """The Hugging Face hub cache folder, from the environment as huggingface_hub reads it."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HUGGINGFACE_HUB_CACHE"):  # older name, still honoured by huggingface_hub
+        return Path(os.environ["HUGGINGFACE_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
+    return cache / "huggingface" / "hub"
+
+
+def hf_repo_folder(repo_id: str) -> Path:
+    """``<hub cache>/models--org--name`` for ``repo_id = "org/name"``."""
+    return hf_hub_cache_dir() / ("models--" + repo_id.replace("/", "--"))
+
+
+def hf_snapshot(repo_id: str) -> Optional[Path]:
+    """The cached snapshot folder of ``repo_id`` that holds a config and weights, or None."""
+    repo = hf_repo_folder(repo_id)
+    snapshots = repo / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        pinned = snapshots / ref.read_text(encoding="utf-8").strip()
+        if is_hf_folder(pinned):
+            return pinned
+    candidates = [p for p in snapshots.iterdir() if is_hf_folder(p)]
+    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None
+
+
+def is_hf_folder(path: Path) -> bool:
+    """A transformers model folder: ``config.json`` plus a weights file."""
+    return (path / "config.json").is_file() and any((path / name).is_file() for name in _HF_WEIGHT_FILES)
+
+
+def missing_weights(name: str, files: Sequence[str], folders: Iterable[Path]) -> MissingWeightsError:
+    """The one-line error for weights that are not on disk: what, where, and how to provide them."""
+    searched = ", ".join(str(f) for f in dict.fromkeys(folders))
+    return MissingWeightsError(
+        f"no local weights for {name!r}: looked for {', '.join(files)} in {searched}; nothing is downloaded. "
+        "Provide them with --weights PATH (a fair-esm .pt file or a Hugging Face model folder), "
+        "put fair-esm files in $TORCH_HOME/hub/checkpoints, or set HF_HOME/HF_HUB_CACHE to a cache holding them")
+
+
+def fair_checkpoint_files(name: str) -> List[Path]:
+    """[<name>.pt, <name>-contact-regression.pt] in the torch hub checkpoints folder."""
+    folder = torch_checkpoints_dir()
+    return [folder / f"{name}.pt", folder / f"{name}-contact-regression.pt"]

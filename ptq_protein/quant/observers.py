@@ -1,0 +1,146 @@
+"""Streaming range observers with bounded memory, and the non-finite check they share.
+
+Every observer takes ``update(x)`` with ``x`` an already-masked tensor of valid
+values (1-D, or ``[tokens, channels]`` for per-channel statistics) and keeps a
+state whose size does not depend on the number of updates: raw activations are
+never stored. The histogram and moments observers live in
+:mod:`ptq_protein.quant.histogram` and :mod:`ptq_protein.quant.stats`.
+
+Non-finite data raise :class:`NonFiniteError` (a ``ValueError``). Observers do not
+know their site's name, so the caller re-raises with
+``raise err.at_site(name) from err`` to get "NaN in activations at site 'name' ...".
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["NonFiniteError", "check_finite", "MinMaxObserver", "TopKObserver", "prepare_update", "fold_extremes"]
+
+# The study's fallback: when the top-k median of the maxima is <= 0 it uses the
+# top 5 instead (PTQ4Protein, piecewise_quant/quant_acts.py, act_clip_bounds).
+TOPK_FALLBACK_K = 5
+
+
+class NonFiniteError(ValueError):
+    """NaN or Inf in calibration data; ``at_site(name)`` adds the site to the message."""
+
+    def __init__(self, n_nan: int, n_inf: int, numel: int, site: str | None = None):
+        self.n_nan, self.n_inf, self.numel, self.site = n_nan, n_inf, numel, site
+        kind = "NaN" if n_nan else "Inf"
+        where = f" at site {site!r}" if site else ""
+        super().__init__(
+            f"{kind} in activations{where} ({n_nan} NaN and {n_inf} Inf of {numel} values); "
+            "check the model's float outputs or the masking of padded positions"
+        )
+
+    def __reduce__(self):  # picklable across processes despite the custom signature
+        return (NonFiniteError, (self.n_nan, self.n_inf, self.numel, self.site))
+
+    def at_site(self, site: str) -> "NonFiniteError":
+        """The same error with the site name in its message."""
+        return NonFiniteError(self.n_nan, self.n_inf, self.numel, site)
+
+
+def check_finite(x: torch.Tensor) -> None:
+    """Raise :class:`NonFiniteError` if ``x`` holds any NaN or Inf."""
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        raise NonFiniteError(int(torch.isnan(x).sum()), int(torch.isinf(x).sum()), x.numel())
+
+
+def prepare_update(x: torch.Tensor, per_channel: bool, seen: torch.Tensor | None) -> torch.Tensor | None:
+    """Validate an update: float64, flat or ``[tokens, channels]``; None when empty.
+
+    ``seen`` is a per-channel state tensor already held (its length fixes the
+    channel count) or None.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"observer update needs a torch.Tensor, got {type(x).__name__}")
+    check_finite(x)
+    x = x.detach().to(torch.float64)
+    if not per_channel:
+        x = x.reshape(-1)
+    elif x.dim() != 2:
+        raise ValueError(f"per-channel observers need [tokens, channels], got shape {tuple(x.shape)}")
+    elif seen is not None and x.shape[1] != seen.shape[0]:
+        raise ValueError(f"update has {x.shape[1]} channels but the observer has seen {seen.shape[0]}")
+    return x if x.shape[0] else None
+
+
+def fold_extremes(obs, x: torch.Tensor) -> None:
+    """Fold ``x``'s min/max (over dim 0) into ``obs.min_val``/``obs.max_val``."""
+    lo, hi = x.amin(0), x.amax(0)
+    if obs.min_val is None:
+        obs.min_val, obs.max_val = lo, hi
+    else:
+        obs.min_val, obs.max_val = torch.minimum(obs.min_val, lo), torch.maximum(obs.max_val, hi)
+
+
+class MinMaxObserver:
+    """Running min and max, per tensor or per channel (last dim of ``[tokens, C]``).
+
+    ``min_val``/``max_val`` are float64 scalars (or ``[C]``), exact over all updates.
+    """
+
+    def __init__(self, per_channel: bool = False):
+        self.per_channel = per_channel
+        self.min_val: torch.Tensor | None = None
+        self.max_val: torch.Tensor | None = None
+
+    def update(self, x: torch.Tensor) -> None:
+        """Fold a batch of valid values into the running extremes; empty input is ignored."""
+        x = prepare_update(x, self.per_channel, self.min_val)
+        if x is not None:
+            fold_extremes(self, x)
+
+    def compute(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(min, max)``; raises ``ValueError`` if no value was observed."""
+        if self.min_val is None:
+            raise ValueError("MinMaxObserver has seen no values: run calibration data through the site")
+        return self.min_val, self.max_val
+
+
+class TopKObserver:
+    """The study's "top-k median" clipping range, in O(1) memory.
+
+    PTQ4Protein (``piecewise_quant/quant_acts.py``) keeps, per calibration batch,
+    the ``k`` smallest and ``k`` largest values; ``act_clip_bounds`` then takes the
+    median of each batch's top-k set (``torch.median``: the lower median) and the
+    mean of those medians over batches, falling back to the top 5 when the upper
+    bound comes out ``<= 0``. This keeps only the running sums of the per-update
+    medians (for ``k`` and for the fallback ``k = 5``), which is the same statistic.
+    A batch with fewer than ``k`` values uses all of them.
+    """
+
+    def __init__(self, k: int = 1000):
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k={k!r} must be a positive integer")
+        self.k = k
+        self.num_updates = 0
+        self._sums = torch.zeros(4, dtype=torch.float64)  # lo_k, hi_k, lo_5, hi_5
+
+    def update(self, x: torch.Tensor) -> None:
+        """Add one batch's top-k medians; empty input is ignored."""
+        x = prepare_update(x, per_channel=False, seen=None)
+        if x is None:
+            return
+        self._sums += torch.stack(
+            [*_topk_medians(x, self.k), *_topk_medians(x, TOPK_FALLBACK_K)]
+        )
+        self.num_updates += 1
+
+    def compute(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(lower, upper)`` clipping bounds (float64 scalars)."""
+        if self.num_updates == 0:
+            raise ValueError("TopKObserver has seen no values: run calibration data through the site")
+        lo, hi, _, hi5 = self._sums / self.num_updates
+        return lo, (hi5 if hi <= 0 else hi)
+
+
+def _topk_medians(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lower medians of the ``k`` smallest and of the ``k`` largest values of flat ``x``."""
+    k = min(k, x.numel())
+    idx = (k - 1) // 2  # torch.median of an ascending k-set picks element (k-1)//2
+    smallest = torch.topk(x, k, largest=False, sorted=True).values  # ascending
+    largest = torch.topk(x, k, largest=True, sorted=True).values.flip(0)  # ascending
+    return smallest[idx], largest[idx]
