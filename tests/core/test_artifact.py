@@ -1,0 +1,79 @@
+"""Artifacts: bit-identical reload, integer tensors on disk, atomic writes, refusal of damaged folders."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import ptq_protein as pp
+from ptq_protein.adapters import get_adapter
+from ptq_protein.errors import ArtifactError
+
+
+def _out(model, seqs):
+    batch = get_adapter(model).make_batch(seqs)
+    with torch.no_grad():
+        return get_adapter(model).forward(model, batch)
+
+
+@pytest.mark.parametrize("preset", ["w8a8-uniform", "w8a8-pwlq", "w4a8-pwlq", "w8a8-dynamic", "w4-only"])
+def test_reload_is_bit_identical_fair_esm(esm2, seqs, tmp_path, preset):
+    q = pp.quantize(esm2, preset, calibration=seqs)
+    pp.save(q, tmp_path / "a")
+    r = pp.load(tmp_path / "a")
+    assert torch.equal(_out(q, seqs[:2])["logits"], _out(r, seqs[:2])["logits"])
+    tensors = load_file(str(tmp_path / "a" / "model.safetensors"))
+    codes = [k for k in tensors if k.endswith(("weight_codes", "weight_packed"))]
+    assert codes and all(tensors[k].dtype in (torch.int8, torch.uint8) for k in codes)
+    if preset.startswith("w4"):
+        assert all(k.endswith("weight_packed") for k in codes)
+    recipe = json.loads((tmp_path / "a" / "recipe.json").read_text())
+    assert recipe["config"]["name"] == preset and recipe["versions"]["torch"] == torch.__version__
+    assert (tmp_path / "a" / "report.md").exists()
+
+
+def test_reload_esmfold_and_hf(esmfold, hf_esm2, seqs, tmp_path):
+    q = pp.quantize(esmfold, "w8a8-pwlq", calibration=seqs[:2], num_recycles=0)
+    pp.save(q, tmp_path / "f")
+    r = pp.load(tmp_path / "f")
+    assert torch.equal(q.infer(seqs[1])["positions"], r.infer(seqs[1])["positions"])
+    q = pp.quantize(hf_esm2, "w8a8-uniform", calibration=seqs)
+    pp.save(q, tmp_path / "h")
+    r = pp.load(tmp_path / "h")
+    batch = get_adapter(q).make_batch(seqs[:2])
+    with torch.no_grad():
+        assert torch.equal(q(**batch.inputs).logits, r(**batch.inputs).logits)
+
+
+def test_existing_out_is_kept_without_force(esm2, seqs, tmp_path):
+    q = pp.quantize(esm2, "w8-only")
+    out = tmp_path / "a"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="--force"):
+        pp.save(q, out)
+    assert (out / "keep.txt").read_text() == "mine"
+    pp.save(q, out, force=True)
+    assert not (out / "keep.txt").exists() and (out / "recipe.json").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "no temp folders left behind"
+
+
+def test_damaged_artifacts_are_refused(esm2, tmp_path):
+    q = pp.quantize(esm2, "w8-only")
+    pp.save(q, tmp_path / "a")
+    tensors = tmp_path / "a" / "model.safetensors"
+    data = tensors.read_bytes()
+    tensors.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ArtifactError, match="truncated"):
+        pp.load(tmp_path / "a")
+    tensors.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    with pytest.raises(ArtifactError, match="sha256"):
+        pp.load(tmp_path / "a")
+    (tmp_path / "a" / "recipe.json").write_text("{not json")
+    with pytest.raises(ArtifactError, match="not valid JSON"):
+        pp.load(tmp_path / "a")
+    with pytest.raises(ArtifactError, match="not an artifact folder"):
+        pp.load(tmp_path / "missing")
+    with pytest.raises(ValueError, match="quantize it first"):
+        pp.save(esm2, tmp_path / "b")
