@@ -133,11 +133,12 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     all_sites = discover_sites(qmodel, adapter)
     if not all_sites:
         raise InputError(f"{type(model).__name__} has no quantizable sites (no Linear or LayerNorm modules)")
-    chosen = [s for s in select_sites(all_sites, cfg) if s.kind is not SiteKind.MATMUL]
+    chosen = select_sites(all_sites, cfg)
     if cfg.kinds and not chosen:
         raise InputError(f"recipe {cfg.name!r} selects no site of this model: check kinds/groups/include/exclude")
     act_sites = [s for s in chosen if cfg.activations is not None]
-    static_sites = [s for s in act_sites if needs_calibration(cfg.activations)]
+    # MATMUL sub-sites (operands of each product) are discovered by calibration, so they always calibrate.
+    static_sites = [s for s in act_sites if needs_calibration(cfg.activations) or s.kind is SiteKind.MATMUL]
     calib_info, stats = None, {}
     if static_sites:
         name, seqs = resolve_calibration(calibration)
@@ -149,6 +150,12 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     quants: Dict[str, ActQuantizer] = {}
     fp_sites = []
     for site in act_sites:
+        if site.kind is SiteKind.MATMUL:
+            subs = {k: st for k, st in stats.items() if k.startswith(f"{site.name}@") and st.count}
+            quants.update({k: activation_quantizer(cfg.activations, st) for k, st in subs.items()})
+            if not subs:
+                fp_sites.append(site.name)
+            continue
         site_stats = stats.get(site.name)
         if site in static_sites and (site_stats is None or site_stats.count == 0):
             fp_sites.append(site.name)

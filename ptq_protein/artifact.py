@@ -28,14 +28,14 @@ from ptq_protein import __version__
 from ptq_protein.api import CalibrationInfo, QuantState
 from ptq_protein.architecture import build_architecture, describe_architecture
 from ptq_protein.config import Backend, QuantConfig, SiteKind, TensorQuant
-from ptq_protein.convert import set_module
 from ptq_protein.errors import ArtifactError
 from ptq_protein.io_utils import atomic_dir
 from ptq_protein.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.kernels.packing import pack_int4, unpack_int4
 from ptq_protein.quant.codebook import PiecewiseCodebook
 from ptq_protein.report import report_markdown
-from ptq_protein.sites import Site
+from ptq_protein.matmul_sites import QuantMatmulHost
+from ptq_protein.sites import Site, set_module
 
 __all__ = ["save", "load", "ARTIFACT_FORMAT", "ARTIFACT_VERSION"]
 
@@ -73,6 +73,9 @@ def _site_entry(qmodel: nn.Module, site: Site) -> Optional[Dict[str, Any]]:
         quant = module.input_quant
     elif isinstance(module, QuantInput):
         entry, quant = {"kind": "input"}, module.input_quant
+    elif isinstance(module, QuantMatmulHost):
+        return {"kind": "matmul", "operands": {f"{site.name}@{k.replace('_', '.')}": q.state()
+                                               for k, q in module.quantizers.items()}}
     else:
         return None
     if quant is not None:
@@ -194,6 +197,9 @@ def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = N
     for name, entry in recipe["sites"].items():
         if entry["kind"] == "linear":
             set_module(model, name, _linear_shell(name, entry, tensors, config.backend))
+        elif entry["kind"] == "matmul":
+            quants = {k: ActQuantizer.from_state(v) for k, v in entry["operands"].items()}
+            set_module(model, name, QuantMatmulHost(model.get_submodule(name), name, quants))
         else:
             set_module(model, name, QuantInput(model.get_submodule(name), ActQuantizer.from_state(entry["input_quant"])))
     for alias, target in recipe.get("aliases", {}).items():

@@ -18,13 +18,14 @@ import torch
 from torch import nn
 
 from ptq_protein.adapters import Batch, ModelAdapter
-from ptq_protein.config import Granularity, RangeMethod, TensorQuant
+from ptq_protein.config import Granularity, RangeMethod, SiteKind, TensorQuant
 from ptq_protein.errors import InputError
 from ptq_protein.masks import align_mask
+from ptq_protein.matmul_sites import MatmulInterceptor, subsite_name
 from ptq_protein.quant.histogram import HistogramObserver
 from ptq_protein.quant.observers import MinMaxObserver, TopKObserver
 from ptq_protein.quant.stats import MomentsObserver
-from ptq_protein.sites import Site
+from ptq_protein.sites import Site, set_module
 
 __all__ = ["SiteStats", "calibrate", "collect_stats"]
 
@@ -91,15 +92,53 @@ class _MaskState:
     batch: Optional[Batch] = None
 
 
-def _valid_values(x: torch.Tensor, state: _MaskState, stats: SiteStats) -> torch.Tensor:
+def _valid_values(x: torch.Tensor, state: _MaskState, stats: SiteStats, channel_last: bool = True) -> torch.Tensor:
     x = x.detach()
     batch = state.batch
-    mask = None if batch is None else align_mask(x.shape, batch.token_mask.to(x.device), batch.residue_mask.to(x.device))
+    mask = None if batch is None else align_mask(x.shape, batch.token_mask.to(x.device), batch.residue_mask.to(x.device),
+                                                 channel_last=channel_last)
     if mask is None:
         stats.unmasked_calls += 1
         return x.reshape(-1, x.shape[-1]).float()
+    if not channel_last:
+        return x[mask.expand(x.shape)].float().reshape(-1, 1)
     mask = mask.expand(*x.shape[:-1], 1).squeeze(-1)
     return x[mask].float()
+
+
+def _observe(x: torch.Tensor, state: _MaskState, stats: SiteStats, channel_last: bool = True) -> None:
+    stats.calls += 1
+    values = _valid_values(x, state, stats, channel_last)
+    if not torch.isfinite(values).all():
+        kind = "NaN" if torch.isnan(values).any() else "Inf"
+        raise InputError(
+            f"{kind} in activations at site {stats.site.name} during calibration: the float model itself "
+            "produces non-finite values on these sequences; check the weights, or use --dtype float32"
+        )
+    stats.update(values)
+
+
+class _RecordingHost(nn.Module):
+    """Calibration stand-in for a MATMUL host: observes every product operand, changes nothing."""
+
+    def __init__(self, module: nn.Module, site: Site, spec: TensorQuant, stats: Dict[str, SiteStats],
+                 state: _MaskState):
+        super().__init__()
+        self.module = module
+        self._site, self._spec, self._stats, self._state = site, spec, stats, state
+
+    def _record(self, call: int, operand: int, x: torch.Tensor) -> torch.Tensor:
+        if x.is_floating_point():
+            name = subsite_name(self._site.name, call, operand)
+            if name not in self._stats:
+                sub = Site(name, SiteKind.MATMUL, self._site.group, self._site.module_type, self._site.is_head)
+                self._stats[name] = SiteStats(sub, self._spec)
+            _observe(x, self._state, self._stats[name], channel_last=False)
+        return x
+
+    def forward(self, *args, **kwargs):
+        with MatmulInterceptor(self._record):
+            return self.module(*args, **kwargs)
 
 
 @contextlib.contextmanager
@@ -108,9 +147,13 @@ def collect_stats(model: nn.Module, sites: Sequence[Site], specs: Dict[str, Tens
     modules = dict(model.named_modules())
     state = _MaskState()
     stats: Dict[str, SiteStats] = {}
-    handles = []
+    handles, swapped = [], []
     try:
         for site in sites:
+            if site.kind is SiteKind.MATMUL:
+                set_module(model, site.name, _RecordingHost(modules[site.name], site, specs[site.name], stats, state))
+                swapped.append(site.name)
+                continue
             stats[site.name] = SiteStats(site, specs[site.name])
             handles.append(modules[site.name].register_forward_pre_hook(_make_hook(stats[site.name], state),
                                                                         with_kwargs=True))
@@ -118,22 +161,15 @@ def collect_stats(model: nn.Module, sites: Sequence[Site], specs: Dict[str, Tens
     finally:
         for handle in handles:
             handle.remove()
+        for name in swapped:
+            set_module(model, name, modules[name])
 
 
 def _make_hook(stats: SiteStats, state: _MaskState):
     def hook(module, args, kwargs):
         x = _first_tensor(args, kwargs)
-        if x is None or not x.is_floating_point():
-            return None
-        stats.calls += 1
-        values = _valid_values(x, state, stats)
-        if not torch.isfinite(values).all():
-            kind = "NaN" if torch.isnan(values).any() else "Inf"
-            raise InputError(
-                f"{kind} in activations at site {stats.site.name} during calibration: the float model itself "
-                "produces non-finite values on these sequences; check the weights, or use --dtype float32"
-            )
-        stats.update(values)
+        if x is not None and x.is_floating_point():
+            _observe(x, state, stats)
         return None
 
     return hook

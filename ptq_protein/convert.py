@@ -14,16 +14,10 @@ from torch import nn
 from ptq_protein.config import QuantConfig, SiteKind
 from ptq_protein.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.qparams import quantize_weight
-from ptq_protein.sites import Site
+from ptq_protein.matmul_sites import QuantMatmulHost
+from ptq_protein.sites import Site, set_module
 
 __all__ = ["swap_modules_", "set_module"]
-
-
-def set_module(model: nn.Module, name: str, new: nn.Module) -> None:
-    """Replace the submodule at dotted ``name``."""
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, child, new)
 
 
 def build_quant_linear(linear: nn.Linear, config: QuantConfig, input_quant: Optional[ActQuantizer],
@@ -64,6 +58,12 @@ def swap_modules_(model: nn.Module, sites: Dict[str, Site], input_quants: Dict[s
         elif site.kind is SiteKind.LAYERNORM and quant is not None:
             set_module(model, name, QuantInput(module, quant))
             done[name] = "layernorm input"
+        elif site.kind is SiteKind.MATMUL:
+            prefix = f"{name}@"
+            subs = {k: q.to(device) for k, q in input_quants.items() if k.startswith(prefix)}
+            if subs:
+                set_module(model, name, QuantMatmulHost(module, name, subs))
+                done[name] = "matmul operands"
     return done
 
 

@@ -88,13 +88,19 @@ def build_report(qmodel: nn.Module, sites: Sequence[Site], stats: Dict[str, Any]
     """One dict per site, in model order."""
     rows = []
     for site in sites:
+        if site.kind is SiteKind.MATMUL:
+            for name in sorted(k for k in quants if k.startswith(f"{site.name}@")):
+                row = {"site": name, "kind": site.kind.value, "group": site.group}
+                row.update(_activation_entry(stats.get(name), quants[name]))
+                rows.append(row)
+            continue
         row: Dict[str, Any] = {"site": site.name, "kind": site.kind.value, "group": site.group}
         module = qmodel.get_submodule(site.name)
         if isinstance(module, QuantLinear):
             original = None if original_weights is None else original_weights.get(site.name)
             row.update(_weight_entry(module, original))
         row.update(_activation_entry(stats.get(site.name), quants.get(site.name)))
-        if not isinstance(module, (QuantLinear, QuantInput)) and site.kind is not SiteKind.MATMUL:
+        if not isinstance(module, (QuantLinear, QuantInput)):
             row["status"] = "floating point"
         rows.append(row)
     return rows

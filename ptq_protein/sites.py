@@ -17,7 +17,7 @@ from torch import nn
 from ptq_protein.adapters import ModelAdapter
 from ptq_protein.config import QuantConfig, SiteKind
 
-__all__ = ["Site", "discover_sites", "select_sites", "is_layernorm", "MATMUL_HOSTS"]
+__all__ = ["Site", "discover_sites", "select_sites", "is_layernorm", "set_module", "MATMUL_HOSTS"]
 
 _LAYERNORM_NAMES = {"LayerNorm", "EsmFoldLayerNorm", "ESM1bLayerNorm", "ESM1LayerNorm", "FusedLayerNorm"}
 
@@ -30,6 +30,13 @@ MATMUL_HOSTS = {
     "EsmFoldAttention",  # ESMFold triangle attention core
     "EsmFoldTriangleMultiplicativeUpdate",  # ESMFold pair track
 }
+
+
+def set_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    """Replace the submodule at dotted ``name``."""
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)
 
 
 def is_layernorm(module: nn.Module) -> bool:

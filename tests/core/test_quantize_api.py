@@ -146,3 +146,61 @@ def test_zero_range_activation_site_is_safe():
         x = torch.zeros(3, 4)
         assert torch.equal(quant(x), x)
         assert torch.isfinite(quant(torch.ones(2, 4))).all()
+
+
+def test_matmul_sites_quantize_attention_operands(esm2, esmfold, seqs):
+    """w8a8-pwlq-all quantizes both operands of QK^T and softmax·V (and ESMFold's triangle products)."""
+    q = pp.quantize(esm2, "w8a8-pwlq-all", calibration=seqs)
+    subs = [r["site"] for r in q.ptq_state.report if r["kind"] == "matmul"]
+    assert subs == [f"layers.{i}.self_attn@{c}.{o}" for i in range(2) for c in range(2) for o in range(2)]
+    assert all(r["count"] > 0 for r in q.ptq_state.report if r["kind"] == "matmul")
+    base = pp.quantize(esm2, "w8a8-pwlq", calibration=seqs)
+    assert not torch.equal(_logits(q, seqs[:1]), _logits(base, seqs[:1])), "matmul quantization must act"
+    qf = pp.quantize(esmfold, "w8a8-pwlq-all", calibration=seqs[:2], num_recycles=0)
+    hosts = {r["site"].split("@")[0] for r in qf.ptq_state.report if r["kind"] == "matmul"}
+    assert any("tri_mul" in h for h in hosts) and any("tri_att" in h for h in hosts)
+    assert torch.isfinite(qf.infer(seqs[1])["positions"]).all()
+
+
+def test_calibration_statistics_ignore_padding(esm2, seqs):
+    """Batching short with long sequences (padding, BOS/EOS) gives the same statistics as one at a time."""
+    from ptq_protein.adapters import get_adapter
+    from ptq_protein.calibrate import calibrate
+    from ptq_protein.sites import discover_sites, select_sites
+
+    cfg = PRESETS["w8a8-pwlq-all"]
+    adapter = get_adapter(esm2)
+    sites = select_sites(discover_sites(esm2, adapter), cfg)
+    specs = {s.name: cfg.activations for s in sites}
+    together = calibrate(esm2, adapter, sites, specs, seqs[:3], batch_size=3)
+    alone = calibrate(esm2, adapter, sites, specs, seqs[:3], batch_size=1)
+    assert together.keys() == alone.keys()
+    for name in together:
+        a, b = together[name].moments, alone[name].moments
+        assert int(a.count) == int(b.count), name
+        assert torch.allclose(a.min_val, b.min_val, atol=1e-5) and torch.allclose(a.max_val, b.max_val, atol=1e-5), name
+
+
+def test_calibration_memory_is_bounded(esm2, seqs):
+    """Observer state does not grow with the number of calibration sequences."""
+    from ptq_protein.adapters import get_adapter
+    from ptq_protein.calibrate import calibrate
+    from ptq_protein.sites import discover_sites, select_sites
+
+    cfg = PRESETS["w8a8-uniform"]
+    adapter = get_adapter(esm2)
+    sites = select_sites(discover_sites(esm2, adapter), cfg)
+    specs = {s.name: cfg.activations for s in sites}
+
+    def state_numel(stats):
+        total = 0
+        for st in stats.values():
+            for obj in (st.moments, st.histogram, st.minmax, st.topk):
+                total += sum(v.numel() for v in vars(obj).values() if torch.is_tensor(v))
+                if hasattr(obj, "moments") and obj.moments is not None:
+                    total += sum(v.numel() for v in vars(obj.moments).values() if torch.is_tensor(v))
+        return total
+
+    small = calibrate(esm2, adapter, sites, specs, seqs[:2], batch_size=1)
+    large = calibrate(esm2, adapter, sites, specs, seqs * 4, batch_size=1)
+    assert state_numel(small) == state_numel(large)

@@ -1,0 +1,315 @@
+#!/usr/bin/env python
+"""CPU benchmark of ``pp.quantize``: calibration cost, fake-quant forward cost, calibration memory (issue 2).
+
+On a seeded random fair-esm ESM-2 (12 layers x 480, 20 heads, the demo outlier
+channels of :mod:`ptq_protein.models.outliers` planted) and random valid
+sequences of 256 residues, it measures side by side in one run:
+
+* **calibration / FP**: ``pp.quantize(model, preset, calibration=seqs)`` for
+  ``w8a8-uniform`` and ``w8a8-pwlq``, with the API's own ``calibrate`` call timed
+  through a wrapper (same sites, specs and batches the API builds), against plain
+  FP forwards over the same batches;
+* **fake-quant forward / FP** on one batch (default 4 x 256);
+* **peak memory growth** of calibration from 10 to 200 sequences: a fresh
+  subprocess per (preset, size) runs ``calibrate`` and reports its peak resident
+  set size (``getrusage(RUSAGE_SELF).ru_maxrss``, the kernel's high-water mark of
+  the whole process, which includes torch's tensor allocations; ``tracemalloc``
+  would only see Python's allocator, not torch's).
+
+Repetitions are interleaved (the order rotates each round) and medians are
+reported; the torch thread count is fixed and printed. No number is asserted.
+
+    python scripts/bench_quantize.py                # full run (~5 min, one thread)
+    python scripts/bench_quantize.py --quick        # tiny model, seconds (the smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Sequence
+from unittest import mock
+
+import torch
+
+# Goals of issue 2.
+GOAL_CALIBRATION = 1.25  # calibration time / FP forward time over the same batches
+GOAL_FORWARD = {"w8a8-uniform": 1.3, "w8a8-pwlq": 1.5}  # fake-quant forward / FP forward
+GOAL_MEMORY_GROWTH = 0.05  # peak RSS growth from MEMORY_SIZES[0] to MEMORY_SIZES[1] calibration sequences
+PRESETS = ("w8a8-uniform", "w8a8-pwlq")
+MEMORY_SIZES = (10, 200)
+AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """fair-esm ESM2 constructor arguments and the benchmark sequence length."""
+
+    num_layers: int
+    embed_dim: int
+    heads: int
+    seq_len: int
+
+    def __post_init__(self) -> None:
+        if self.embed_dim % self.heads:
+            raise ValueError(f"embed_dim={self.embed_dim} must be divisible by heads={self.heads}")
+        if not 1 <= self.seq_len <= 1022:
+            raise ValueError(f"seq_len={self.seq_len} must be in 1..1022 (ESM-2's limit)")
+
+    def describe(self) -> str:
+        return f"ESM-2 {self.num_layers} layers x {self.embed_dim}, {self.heads} heads, length {self.seq_len}"
+
+
+FULL_SHAPE = ModelShape(num_layers=12, embed_dim=480, heads=20, seq_len=256)
+QUICK_SHAPE = ModelShape(num_layers=2, embed_dim=64, heads=4, seq_len=32)
+
+
+# --- shared helpers (also used by bench_artifact_size.py) ----------------------
+
+
+def build_esm2(shape: ModelShape, seed: int = 0):
+    """Seeded random fair-esm ESM2 with the demo outlier channels, in eval mode; (model, alphabet)."""
+    from ptq_protein.models.tiny import tiny_esm2
+
+    return tiny_esm2(seed, num_layers=shape.num_layers, embed_dim=shape.embed_dim, heads=shape.heads)
+
+
+def random_sequences(count: int, length: int, seed: int) -> List[str]:
+    """``count`` random sequences of the 20 standard amino acids, ``length`` residues each."""
+    rng = random.Random(seed)
+    return ["".join(rng.choice(AMINO_ACIDS) for _ in range(length)) for _ in range(count)]
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A markdown table; floats get 3 significant digits."""
+    def cell(value: object) -> str:
+        return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def environment_line(threads: int) -> str:
+    return (f"torch {torch.__version__}, python {platform.python_version()}, {os.cpu_count()} CPUs, "
+            f"torch.set_num_threads({threads})")
+
+
+def command_line(argv: Sequence[str], script: str) -> str:
+    return "python scripts/" + Path(script).name + "".join(f" {a}" for a in argv)
+
+
+# --- timing --------------------------------------------------------------------
+
+
+def _seconds(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _fp_forwards(model, adapter, batches) -> None:
+    with torch.no_grad():
+        for batch in batches:
+            adapter.forward(model, batch)
+
+
+def _quantize_timed(model, preset: str, seqs: Sequence[str], batch_size: int) -> tuple:
+    """(qmodel, total seconds, seconds inside the API's calibrate call)."""
+    import ptq_protein as pp
+    from ptq_protein import api
+
+    inner = {"s": 0.0}
+    real = api.calibrate
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            inner["s"] += time.perf_counter() - start
+
+    with mock.patch.object(api, "calibrate", timed):
+        start = time.perf_counter()
+        qmodel = pp.quantize(model, preset, calibration=list(seqs), batch_size=batch_size)
+        total = time.perf_counter() - start
+    return qmodel, total, inner["s"]
+
+
+def bench_calibration(model, seqs: Sequence[str], batch_size: int, reps: int) -> tuple:
+    """Interleaved rounds of FP forwards and quantize per preset; (medians dict, qmodels)."""
+    from ptq_protein.adapters import get_adapter
+
+    adapter = get_adapter(model)
+    batches = list(adapter.batches(list(seqs), batch_size))
+    _fp_forwards(model, adapter, batches)  # warm-up
+    times: Dict[str, List[float]] = {"fp": []}
+    qmodels = {}
+    for rep in range(reps):
+        jobs = ["fp", *PRESETS]
+        for job in jobs[rep % len(jobs):] + jobs[:rep % len(jobs)]:
+            if job == "fp":
+                times["fp"].append(_seconds(lambda: _fp_forwards(model, adapter, batches)))
+                continue
+            qmodels[job], total, calib = _quantize_timed(model, job, seqs, batch_size)
+            times.setdefault(f"{job}/total", []).append(total)
+            times.setdefault(f"{job}/calibrate", []).append(calib)
+    return {key: statistics.median(values) for key, values in times.items()}, qmodels
+
+
+def bench_forward(model, qmodels: Dict[str, torch.nn.Module], tokens: torch.Tensor, reps: int) -> Dict[str, float]:
+    """Median seconds of one forward of ``tokens`` per model, interleaved."""
+    models = {"fp": model, **qmodels}
+    times: Dict[str, List[float]] = {name: [] for name in models}
+    with torch.no_grad():
+        for m in models.values():
+            m(tokens)  # warm-up
+        names = list(models)
+        for rep in range(reps):
+            for name in names[rep % len(names):] + names[:rep % len(names)]:
+                times[name].append(_seconds(lambda: models[name](tokens)))
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+# --- memory (one fresh process per size) -----------------------------------------
+
+
+def _current_rss_kib() -> int:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def memory_child(shape: ModelShape, preset: str, count: int, batch_size: int, threads: int) -> Dict[str, int]:
+    """Calibrate ``count`` sequences on a fresh model; RSS before and peak RSS (KiB) of this process."""
+    import resource
+
+    from ptq_protein.adapters import get_adapter
+    from ptq_protein.calibrate import calibrate
+    from ptq_protein.config import SiteKind
+    from ptq_protein.presets import resolve_config
+    from ptq_protein.sites import discover_sites, select_sites
+
+    torch.set_num_threads(threads)
+    model, _ = build_esm2(shape)
+    adapter = get_adapter(model)
+    adapter.prepare(model)
+    cfg = resolve_config(preset)
+    sites = [s for s in select_sites(discover_sites(model, adapter), cfg) if s.kind is not SiteKind.MATMUL]
+    seqs = random_sequences(count, shape.seq_len, seed=1)
+    before = _current_rss_kib()
+    calibrate(model, adapter, sites, {s.name: cfg.activations for s in sites}, seqs, batch_size=batch_size)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return {"rss_before_kib": before, "peak_kib": peak}
+
+
+def bench_memory(shape_flag: List[str], preset: str, sizes: Sequence[int], batch_size: int, threads: int) -> Dict[int, dict]:
+    """Run :func:`memory_child` in a fresh interpreter per size."""
+    out = {}
+    for count in sizes:
+        cmd = [sys.executable, __file__, *shape_flag, "--threads", str(threads), "--batch-size", str(batch_size),
+               "--memory-child", preset, str(count)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"memory child {preset} x {count} failed: {done.stderr.strip()[-2000:]}")
+        out[count] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
+
+
+# --- report ----------------------------------------------------------------------
+
+
+def _met(value: float, goal: float) -> str:
+    return "yes" if value <= goal else f"no (+{100 * (value / goal - 1):.0f}% over)"
+
+
+def calibration_rows(t: Dict[str, float]) -> List[list]:
+    rows = [["FP forwards (same batches)", t["fp"], "", "", "", ""]]
+    for p in PRESETS:
+        cal, total = t[f"{p}/calibrate"], t[f"{p}/total"]
+        ratio = cal / t["fp"]
+        rows.append([p, t["fp"], cal, total - cal, f"{ratio:.2f}x", f"<= {GOAL_CALIBRATION}x: {_met(ratio, GOAL_CALIBRATION)}"])
+    return rows
+
+
+def forward_rows(t: Dict[str, float]) -> List[list]:
+    rows = [["fp", 1000 * t["fp"], "1.00x", ""]]
+    for p in PRESETS:
+        ratio = t[p] / t["fp"]
+        rows.append([p, 1000 * t[p], f"{ratio:.2f}x", f"<= {GOAL_FORWARD[p]}x: {_met(ratio, GOAL_FORWARD[p])}"])
+    return rows
+
+
+def memory_rows(preset: str, mem: Dict[int, dict]) -> list:
+    small, large = (mem[n] for n in MEMORY_SIZES)
+    growth = large["peak_kib"] / small["peak_kib"] - 1
+    inc = [(m["peak_kib"] - m["rss_before_kib"]) / 1024 for m in (small, large)]
+    return [preset, small["peak_kib"] / 1024, large["peak_kib"] / 1024, f"{100 * growth:+.1f}%",
+            inc[0], inc[1], f"<= {100 * GOAL_MEMORY_GROWTH:.0f}%: {_met(growth, GOAL_MEMORY_GROWTH)}"]
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny 2 x 64 model, length 32, few reps (smoke test)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch.set_num_threads (default 1: on a shared machine a busy core stalls every "
+                             "multi-threaded op, which makes ratios meaningless)")
+    parser.add_argument("--reps", type=int, default=None, help="interleaved repetitions (default 5; quick 2)")
+    parser.add_argument("--calib-seqs", type=int, default=8, help="sequences timed for calibration (default 8)")
+    parser.add_argument("--batch-size", type=int, default=4, help="calibration and forward batch size (default 4)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
+    parser.add_argument("--memory-child", nargs=2, metavar=("PRESET", "N"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.threads < 1 or args.batch_size < 1 or args.calib_seqs < 1:
+        parser.error("--threads, --batch-size and --calib-seqs must be >= 1")
+    args.reps = args.reps or (2 if args.quick else 5)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    shape = QUICK_SHAPE if args.quick else FULL_SHAPE
+    if args.memory_child:
+        preset, count = args.memory_child
+        print(json.dumps(memory_child(shape, preset, int(count), args.batch_size, args.threads)))
+        return 0
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model, _ = build_esm2(shape)
+    seqs = random_sequences(args.calib_seqs, shape.seq_len, seed=1)
+    print(f"# pp.quantize CPU benchmark: {shape.describe()}\n\n`{command_line(argv, __file__)}`\n\n"
+          f"{environment_line(args.threads)}; {args.reps} interleaved reps, medians\n")
+    cal, qmodels = bench_calibration(model, seqs, args.batch_size, args.reps)
+    print(f"## Calibration ({len(seqs)} sequences, batch {args.batch_size})\n")
+    print(markdown_table(["recipe", "FP s", "calibrate s", "rest of quantize s", "calibrate / FP", "goal"],
+                         calibration_rows(cal)) + "\n")
+    from ptq_protein.adapters import get_adapter
+
+    batch = get_adapter(model).make_batch(random_sequences(args.batch_size, shape.seq_len, seed=2))
+    fwd = bench_forward(model, qmodels, batch.inputs["tokens"], max(args.reps, 3 if args.quick else 7))
+    print(f"## Fake-quant forward (batch {args.batch_size} x {shape.seq_len})\n")
+    print(markdown_table(["model", "forward ms", "vs FP", "goal"], forward_rows(fwd)) + "\n")
+    if not args.no_memory:
+        flag = ["--quick"] if args.quick else []
+        rows = [memory_rows(p, bench_memory(flag, p, MEMORY_SIZES, args.batch_size, args.threads)) for p in PRESETS]
+        print(f"## Calibration memory ({MEMORY_SIZES[0]} vs {MEMORY_SIZES[1]} sequences, fresh process each; "
+              "peak = ru_maxrss of the whole process)\n")
+        print(markdown_table(["recipe", f"peak MiB @{MEMORY_SIZES[0]}", f"peak MiB @{MEMORY_SIZES[1]}", "growth",
+                              f"calib increment MiB @{MEMORY_SIZES[0]}", f"@{MEMORY_SIZES[1]}", "goal"], rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
