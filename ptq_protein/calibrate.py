@@ -62,19 +62,20 @@ class SiteStats:
         return 0 if self.moments.moments is None else int(self.moments.count)
 
     def update(self, values: torch.Tensor) -> None:
-        """``values``: [n, C] valid activations of one call."""
+        """``values``: [n, C] valid activations of one call, already checked finite."""
         if values.numel() == 0:
             return
         per_channel = self.spec.granularity is Granularity.PER_CHANNEL
-        self.minmax.update(values if per_channel else values.reshape(-1))
+        values = values.to(torch.float64)  # once, not once per observer
+        self.minmax.update(values if per_channel else values.reshape(-1), checked=True)
         stride = -(-values.numel() // MAX_SAMPLED_VALUES)
         sample = values[::stride].reshape(-1) if stride > 1 else values.reshape(-1)
         if stride > 1:  # keep this call's exact extremes in the histogram's support
             sample = torch.cat([sample, torch.stack(torch.aminmax(values))])
-        self.moments.update(sample)
-        self.histogram.update(sample)
+        self.moments.update(sample, checked=True)
+        self.histogram.update(sample, checked=True)
         if self.topk is not None:
-            self.topk.update(sample)
+            self.topk.update(sample, checked=True)
 
 
 def _first_tensor(args, kwargs) -> Optional[torch.Tensor]:
@@ -109,7 +110,7 @@ def _valid_values(x: torch.Tensor, state: _MaskState, stats: SiteStats, channel_
 def _observe(x: torch.Tensor, state: _MaskState, stats: SiteStats, channel_last: bool = True) -> None:
     stats.calls += 1
     values = _valid_values(x, state, stats, channel_last)
-    if not torch.isfinite(values).all():
+    if values.numel() and not all(map(torch.isfinite, torch.aminmax(values))):  # NaN/Inf reach the extremes
         kind = "NaN" if torch.isnan(values).any() else "Inf"
         raise InputError(
             f"{kind} in activations at site {stats.site.name} during calibration: the float model itself "

@@ -49,6 +49,7 @@ class RunOptions:
     batch_size: int = 4
     num_recycles: Optional[int] = None
     progress: bool = False
+    calib_max_length: Optional[int] = None
 
     def __post_init__(self) -> None:
         for name in ("max_length", "batch_size"):
@@ -145,7 +146,8 @@ def _quantized(model: nn.Module, recipe: str, options: RunOptions) -> nn.Module:
     start = time.perf_counter()
     logger.info("%s: quantizing%s", recipe, f" (calibration: {_describe(options.calibration)})" if calibrated else "")
     qmodel = pp.quantize(model, recipe, calibration=options.calibration, batch_size=options.batch_size,
-                         progress=options.progress, num_recycles=options.num_recycles)
+                         progress=options.progress, num_recycles=options.num_recycles,
+                         calib_max_length=options.calib_max_length)
     logger.info("%s: quantized in %.1f s", recipe, time.perf_counter() - start)
     return qmodel
 

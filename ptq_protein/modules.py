@@ -20,7 +20,7 @@ from torch.nn import functional as F
 
 from ptq_protein.config import Backend, Granularity, Scheme, TensorQuant
 from ptq_protein.quant.codebook import PiecewiseCodebook, pwlq_dequantize, pwlq_quantize
-from ptq_protein.quant.uniform import choose_qparams, dequantize, dynamic_per_token, quantize
+from ptq_protein.quant.uniform import choose_qparams, dequantize, dynamic_per_token, qrange, quantize
 
 __all__ = ["ActQuantizer", "QuantLinear", "QuantInput"]
 
@@ -82,8 +82,42 @@ class ActQuantizer(nn.Module):
             return pwlq_dequantize(codes, params[1])
         return dequantize(codes, params[1], params[2])
 
+    def _region_table(self, device: torch.device):
+        """(thresholds [R-1], table [R, 4] of offset, scale, code_lo, code_hi) of the static codebook."""
+        cached = getattr(self, "_table", None)
+        if cached is None or cached[0].device != device:
+            cb = self.codebook
+            table = torch.stack([cb.offsets(device), cb.scales(device), cb.code_lo_tensor(device).float(),
+                                 cb.code_hi_tensor(device).float()], dim=1)
+            cached = (cb.thresholds_tensor(device), table)
+            self._table = cached
+        return cached
+
+    def _fake_static(self, x: torch.Tensor) -> torch.Tensor:
+        """Fake quantization in float32 arithmetic, equal bit for bit to decode(encode(x)).
+
+        The codes are small integers, so computing them and their decoded values
+        in float32 (without the integer round trip and NaN bookkeeping) is exact;
+        NaN propagates through round/clamp by itself.
+        """
+        xf = x if x.dtype == torch.float64 else x.to(torch.float32)
+        if self.spec.scheme is Scheme.PWLQ:
+            thresholds, table = self._region_table(x.device)
+            region = torch.zeros(x.shape, dtype=torch.long, device=x.device)
+            for t in thresholds.to(xf.dtype):
+                region += xf >= t
+            off, sc, lo, hi = table[region].unbind(-1)
+            q = torch.minimum(torch.maximum(torch.round((xf - off.to(xf.dtype)) / sc.to(xf.dtype)), lo), hi)
+            return (off + sc * q.to(torch.float32)).to(x.dtype)
+        qmin, qmax = qrange(self.spec.bits, self.spec.symmetric)
+        zp = self.zero_point.to(xf.dtype)
+        q = torch.clamp(torch.round(xf / self.scale.to(xf.dtype)) + zp, qmin, qmax)
+        return ((q - zp).to(torch.float32) * self.scale).to(x.dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Fake quantization: the values the integer path decodes, in x's dtype; NaN propagates."""
+        if self.is_static and x.is_floating_point():
+            return self._fake_static(x)
         codes, params = self.encode(x)
         out = self.decode(codes, params)
         return torch.where(torch.isnan(x), x.to(out.dtype), out).to(x.dtype)

@@ -39,3 +39,23 @@ def print_json(obj: Any) -> None:
 def show_progress(args: argparse.Namespace) -> bool:
     """Progress bars only for a person at a terminal."""
     return not getattr(args, "quiet", False) and sys.stderr.isatty()
+
+
+# On CPU, ESMFold's triangle attention (cubic in length) makes long calibration
+# sequences dominate; cropping them to a central window keeps calibration fast.
+CPU_CALIB_MAX_LENGTH = 128
+
+
+def add_calib_crop_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--calib-max-length", type=int, metavar="N",
+                        help="crop longer calibration sequences to their central N residues; 0 keeps them whole, as "
+                             f"the study did (default: {CPU_CALIB_MAX_LENGTH} on CPU, whole sequences on CUDA)")
+
+
+def calib_crop(args: argparse.Namespace, device) -> "int | None":
+    """The crop length for ``pp.quantize(calib_max_length=...)`` (None: keep whole)."""
+    if args.calib_max_length is not None:
+        if args.calib_max_length < 0:
+            raise ValueError(f"--calib-max-length {args.calib_max_length} must be 0 (no crop) or positive")
+        return args.calib_max_length or None
+    return CPU_CALIB_MAX_LENGTH if str(device).startswith("cpu") else None

@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any, Dict
 
-from ptq_protein.cli.common import add_json_option, add_runtime_options, print_json, show_progress
+from ptq_protein.cli.common import (add_calib_crop_option, add_json_option, add_runtime_options, calib_crop,
+                                    print_json, show_progress)
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, load_float_model
 
 EXAMPLES = """examples:
@@ -55,6 +56,7 @@ def _add_common(p: argparse.ArgumentParser, default_recipes: str) -> None:
     p.add_argument("--max-length", type=int, metavar="L",
                    help="length cap: longer targets are recorded as skipped (default: the model's limit, 1022)")
     p.add_argument("--batch-size", type=int, default=4, help="calibration batch size (default 4)")
+    add_calib_crop_option(p)
     add_model_options(p)
     add_runtime_options(p)
     add_json_option(p)
@@ -69,11 +71,13 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_float_model(args, args.model)
     cap = args.max_length or loaded.max_length or ESM2_MAX_RESIDUES
     options = RunOptions(calibration=args.calib, max_length=cap, batch_size=args.batch_size,
-                         num_recycles=args.num_recycles, progress=show_progress(args))
+                         num_recycles=args.num_recycles, progress=show_progress(args),
+                         calib_max_length=calib_crop(args, loaded.device))
     # What must match for a resumed run (recipes, targets, limit and length cap may change).
     run_info = {"model": args.model, "weights": args.weights, "model_source": loaded.source,
                 "model_sha256": loaded.source_sha256, "set": _set_identity(args.set_spec),
-                "calibration": args.calib, "num_recycles": args.num_recycles, "dtype": args.dtype, "seed": args.seed}
+                "calibration": args.calib, "calib_max_length": options.calib_max_length,
+                "num_recycles": args.num_recycles, "dtype": args.dtype, "seed": args.seed}
     note = TINY_NOTE if str(loaded.source).startswith("tiny:") else ""
     if args.eval_kind == "structure":
         from ptq_protein.eval_structure import evaluate_structure as evaluate

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ptq_protein.cli.common import add_json_option, add_runtime_options, print_json, show_progress
+from ptq_protein.cli.common import (add_calib_crop_option, add_json_option, add_runtime_options, calib_crop,
+                                    print_json, show_progress)
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, load_float_model
 
 EXAMPLES = """examples:
@@ -31,10 +32,7 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=4, help="calibration batch size (default 4)")
     p.add_argument("--backend", choices=["fake", "int8"], default="fake", help="execution backend recorded in the artifact")
     p.add_argument("--num-recycles", type=int, help="ESMFold: recycles during calibration (default: the model's)")
-    p.add_argument("--calib-max-length", type=int, metavar="N",
-                   help="crop longer calibration sequences to their central N residues; 0 keeps them whole, as the "
-                        "study did (default: 128 on CPU, where ESMFold's cubic triangle attention dominates, "
-                        "whole sequences on CUDA)")
+    add_calib_crop_option(p)
     p.add_argument("--check", type=int, default=1, metavar="N",
                    help="compare the quantized model with its FP self on the N shortest calibration sequences (0: skip)")
     add_model_options(p)
@@ -62,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_float_model(args, args.model)
     qmodel = pp.quantize(loaded.model, recipe, calibration=args.calib, batch_size=args.batch_size,
                          backend=args.backend, progress=show_progress(args), num_recycles=args.num_recycles,
-                         calib_max_length=_calib_crop(args, loaded))
+                         calib_max_length=calib_crop(args, loaded.device))
     info = {"name": loaded.name, "family": loaded.family, "source": str(loaded.source),
             "source_sha256": loaded.source_sha256}
     pp.save(qmodel, out, force=args.force, model_info=info)
@@ -75,15 +73,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_summary(summary)
     return 0
-
-
-CPU_CALIB_MAX_LENGTH = 128
-
-
-def _calib_crop(args: argparse.Namespace, loaded):
-    if args.calib_max_length is not None:
-        return args.calib_max_length or None
-    return CPU_CALIB_MAX_LENGTH if loaded.device.type == "cpu" else None
 
 
 def _summary(qmodel, out: Path, recipe: str, loaded) -> dict:

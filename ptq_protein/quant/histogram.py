@@ -60,9 +60,9 @@ class HistogramObserver:
         """Grid edges ``[bins + 1]`` (float64)."""
         return self.lo + self.width * torch.arange(self.bins + 1, dtype=torch.float64)
 
-    def update(self, x: torch.Tensor) -> None:
+    def update(self, x: torch.Tensor, checked: bool = False) -> None:
         """Add a batch of finite values (any shape); empty input is ignored."""
-        x = prepare_update(x, per_channel=False, seen=None)
+        x = prepare_update(x, per_channel=False, seen=None, checked=checked)
         if x is None:
             return
         dmin, dmax = (float(v) for v in torch.aminmax(x))

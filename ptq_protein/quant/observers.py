@@ -48,15 +48,19 @@ def check_finite(x: torch.Tensor) -> None:
         raise NonFiniteError(int(torch.isnan(x).sum()), int(torch.isinf(x).sum()), x.numel())
 
 
-def prepare_update(x: torch.Tensor, per_channel: bool, seen: torch.Tensor | None) -> torch.Tensor | None:
+def prepare_update(x: torch.Tensor, per_channel: bool, seen: torch.Tensor | None,
+                   checked: bool = False) -> torch.Tensor | None:
     """Validate an update: float64, flat or ``[tokens, channels]``; None when empty.
 
     ``seen`` is a per-channel state tensor already held (its length fixes the
-    channel count) or None.
+    channel count) or None. ``checked=True`` skips the finiteness scan, for a
+    caller that already verified the values (calibration checks once per call,
+    not once per observer).
     """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"observer update needs a torch.Tensor, got {type(x).__name__}")
-    check_finite(x)
+    if not checked:
+        check_finite(x)
     x = x.detach().to(torch.float64)
     if not per_channel:
         x = x.reshape(-1)
@@ -87,9 +91,9 @@ class MinMaxObserver:
         self.min_val: torch.Tensor | None = None
         self.max_val: torch.Tensor | None = None
 
-    def update(self, x: torch.Tensor) -> None:
+    def update(self, x: torch.Tensor, checked: bool = False) -> None:
         """Fold a batch of valid values into the running extremes; empty input is ignored."""
-        x = prepare_update(x, self.per_channel, self.min_val)
+        x = prepare_update(x, self.per_channel, self.min_val, checked)
         if x is not None:
             fold_extremes(self, x)
 
@@ -119,14 +123,12 @@ class TopKObserver:
         self.num_updates = 0
         self._sums = torch.zeros(4, dtype=torch.float64)  # lo_k, hi_k, lo_5, hi_5
 
-    def update(self, x: torch.Tensor) -> None:
+    def update(self, x: torch.Tensor, checked: bool = False) -> None:
         """Add one batch's top-k medians; empty input is ignored."""
-        x = prepare_update(x, per_channel=False, seen=None)
+        x = prepare_update(x, per_channel=False, seen=None, checked=checked)
         if x is None:
             return
-        self._sums += torch.stack(
-            [*_topk_medians(x, self.k), *_topk_medians(x, TOPK_FALLBACK_K)]
-        )
+        self._sums += torch.stack(_topk_medians_pair(x, self.k, TOPK_FALLBACK_K))
         self.num_updates += 1
 
     def compute(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,6 +137,19 @@ class TopKObserver:
             raise ValueError("TopKObserver has seen no values: run calibration data through the site")
         lo, hi, _, hi5 = self._sums / self.num_updates
         return lo, (hi5 if hi <= 0 else hi)
+
+
+def _topk_medians_pair(x: torch.Tensor, k: int, k2: int) -> list:
+    """``[*_topk_medians(x, k), *_topk_medians(x, k2)]`` from one top-k per side."""
+    n = x.numel()
+    kk = min(max(k, k2), n)
+    smallest = torch.topk(x, kk, largest=False, sorted=True).values  # ascending
+    largest = torch.topk(x, kk, largest=True, sorted=True).values  # descending
+    out = []
+    for kj in (min(k, n), min(k2, n)):
+        idx = (kj - 1) // 2
+        out += [smallest[idx], largest[kj - 1 - idx]]
+    return out
 
 
 def _topk_medians(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -70,9 +70,9 @@ class MomentsObserver:
         self.min_val: torch.Tensor | None = None
         self.max_val: torch.Tensor | None = None
 
-    def update(self, x: torch.Tensor) -> None:
+    def update(self, x: torch.Tensor, checked: bool = False) -> None:
         """Merge a batch of finite values; empty input is ignored."""
-        x = prepare_update(x, self.per_channel, self.min_val)
+        x = prepare_update(x, self.per_channel, self.min_val, checked)
         if x is None:
             return
         b = batch_moments(x)

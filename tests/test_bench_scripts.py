@@ -1,0 +1,61 @@
+"""scripts/bench_quantize.py and scripts/bench_artifact_size.py: the --quick runs print their tables.
+
+No timing is asserted; the checks are that each table is complete, every
+measured cell is a number, and the artifact round trip is bit-identical.
+"""
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+pytest.importorskip("esm")
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _table_rows(out: str, first_cell: str) -> list:
+    return [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines()
+            if line.startswith(f"| {first_cell}")]
+
+
+def test_bench_quantize_quick_prints_every_table(capsys):
+    bench = _load("bench_quantize")
+    assert bench.main(["--quick", "--reps", "1", "--calib-seqs", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "`python scripts/bench_quantize.py --quick --reps 1 --calib-seqs 4`" in out
+    assert "torch.set_num_threads(1)" in out
+    for preset in bench.PRESETS:
+        (calib,) = [r for r in _table_rows(out, preset) if len(r) == 6]
+        assert re.fullmatch(r"\d+\.\d\dx", calib[4]) and calib[5].startswith("<= 1.25x: ")
+        (fwd,) = [r for r in _table_rows(out, preset) if len(r) == 4]
+        assert float(fwd[1]) > 0 and re.fullmatch(r"\d+\.\d\dx", fwd[2])
+        (mem,) = [r for r in _table_rows(out, preset) if len(r) == 7]
+        assert float(mem[1]) > 0 and float(mem[2]) > 0 and re.fullmatch(r"[+-]\d+\.\d%", mem[3])
+
+
+def test_bench_quantize_rejects_bad_threads():
+    with pytest.raises(SystemExit):
+        _load("bench_quantize").parse_args(["--threads", "0"])
+
+
+def test_bench_artifact_size_quick_round_trips_bit_identically(capsys):
+    bench = _load("bench_artifact_size")
+    assert bench.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    rows = _table_rows(out, "ESM-2 2 layers x 64")
+    assert [r[1] for r in rows] == ["fp32", *bench.GOALS]
+    ratios = {r[1]: float(r[4]) for r in rows[1:]}
+    assert all(r[7] == "yes" and r[8] == "logits" for r in rows[1:])
+    # the tiny model is embedding-dominated, so only the ordering is structural: W4 < W8 < fp32
+    assert ratios["w4-only"] < ratios["w8-only"] < 1.0
+    assert ratios["w4a8-pwlq"] < ratios["w8a8-pwlq"] < 1.0
