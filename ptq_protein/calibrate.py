@@ -35,7 +35,7 @@ HISTOGRAM_BINS = 2048
 # Per call, moments/histogram/top-k see at most this many values (a fixed-stride subset of
 # the valid rows); min/max always see every value. ESMFold's pair tensors hold L^2 x C
 # values per call, so exact statistics would cost more than the forward pass itself.
-MAX_SAMPLED_VALUES = 1 << 18
+MAX_SAMPLED_VALUES = 1 << 16
 
 
 @dataclass

@@ -83,7 +83,7 @@ class ActQuantizer(nn.Module):
         return dequantize(codes, params[1], params[2])
 
     def _region_table(self, device: torch.device):
-        """(thresholds [R-1], table [R, 4] of offset, scale, code_lo, code_hi) of the static codebook."""
+        """(thresholds [R-1], table [R, 4] of offset, scale, code_lo, code_hi)."""
         cached = getattr(self, "_table", None)
         if cached is None or cached[0].device != device:
             cb = self.codebook
@@ -102,17 +102,20 @@ class ActQuantizer(nn.Module):
         """
         xf = x if x.dtype == torch.float64 else x.to(torch.float32)
         if self.spec.scheme is Scheme.PWLQ:
-            thresholds, table = self._region_table(x.device)
-            region = torch.zeros(x.shape, dtype=torch.long, device=x.device)
-            for t in thresholds.to(xf.dtype):
-                region += xf >= t
-            off, sc, lo, hi = table[region].unbind(-1)
-            q = torch.minimum(torch.maximum(torch.round((xf - off.to(xf.dtype)) / sc.to(xf.dtype)), lo), hi)
-            return (off + sc * q.to(torch.float32)).to(x.dtype)
+            return self._fake_pwlq(xf).to(x.dtype)
         qmin, qmax = qrange(self.spec.bits, self.spec.symmetric)
         zp = self.zero_point.to(xf.dtype)
         q = torch.clamp(torch.round(xf / self.scale.to(xf.dtype)) + zp, qmin, qmax)
         return ((q - zp).to(torch.float32) * self.scale).to(x.dtype)
+
+    def _fake_pwlq(self, xf: torch.Tensor) -> torch.Tensor:
+        thresholds, table = self._region_table(xf.device)
+        region = torch.zeros(xf.shape, dtype=torch.long, device=xf.device)
+        for t in thresholds.to(xf.dtype):  # R <= 8: a few comparisons beat searchsorted
+            region += xf >= t
+        off, sc, lo, hi = table[region].unbind(-1)  # one gather of all four region parameters
+        q = torch.minimum(torch.maximum(torch.round((xf - off.to(xf.dtype)) / sc.to(xf.dtype)), lo), hi)
+        return off + sc * q.to(torch.float32)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Fake quantization: the values the integer path decodes, in x's dtype; NaN propagates."""
