@@ -49,7 +49,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from ptq_protein.cli.main import main as cli
 
     command = ["eval", "structure", "--model", args.model, "--recipes", ",".join(args.recipes),
-               "--set", STUDY_SET, "--calib", STUDY_CALIBRATION, "--out", str(args.out), "--device", args.device]
+               "--set", STUDY_SET, "--calib", STUDY_CALIBRATION, "--out", str(args.out), "--device", args.device,
+               "--calib-max-length", "0"]  # the study calibrated on whole sequences
     for flag, value in (("--weights", args.weights), ("--limit", args.limit), ("--num-recycles", args.num_recycles)):
         if value is not None:
             command += [flag, str(value)]
