@@ -151,7 +151,8 @@ class HFEsmAdapter(ModelAdapter):
     """transformers ``EsmModel`` / ``EsmForMaskedLM``: batch-first hidden states."""
 
     family = "hf-esm"
-    head_globs = ("lm_head*", "esm.contact_head*", "contact_head*", "esm.embeddings*", "embeddings*", "pooler*")
+    head_globs = ("lm_head*", "esm.contact_head*", "contact_head*", "esm.embeddings*", "embeddings*", "pooler*",
+                  "classifier*")
 
     def make_batch(self, sequences: Sequence[str]) -> Batch:
         tokens, mask = _esm_tokens(sequences)
@@ -222,17 +223,20 @@ def _device_of(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+_ADAPTERS = {
+    "ESM2": FairEsmAdapter, "ProteinBertModel": FairEsmAdapter,
+    "EsmForProteinFolding": HFEsmFoldAdapter,
+    "EsmModel": HFEsmAdapter, "EsmForMaskedLM": HFEsmAdapter,
+    "EsmForTokenClassification": HFEsmAdapter, "EsmForSequenceClassification": HFEsmAdapter,
+}
+
+
 def get_adapter(model: nn.Module) -> ModelAdapter:
-    """Pick the adapter by class (never by checkpoint name)."""
-    classes = {type(m).__name__ for m in type(model).__mro__ if isinstance(m, type)} | {type(model).__name__}
-    name = type(model).__name__
-    if name in ("ESM2", "ProteinBertModel"):
-        return FairEsmAdapter(model)
-    if name in ("EsmForProteinFolding",):
-        return HFEsmFoldAdapter(model)
-    if name in ("EsmModel", "EsmForMaskedLM", "EsmForTokenClassification", "EsmForSequenceClassification"):
-        return HFEsmAdapter(model)
+    """Pick the adapter by class, subclasses included (never by checkpoint name)."""
+    for cls in type(model).__mro__:
+        if cls.__name__ in _ADAPTERS:
+            return _ADAPTERS[cls.__name__](model)
     raise TypeError(
-        f"ptq-protein does not know how to calibrate a {name} (classes: {sorted(classes)}); supported: fair-esm ESM2 / "
-        "ProteinBertModel, transformers EsmModel / EsmForMaskedLM / EsmForProteinFolding"
+        f"ptq-protein does not know how to calibrate a {type(model).__name__}; supported: fair-esm ESM2 / "
+        "ProteinBertModel, transformers EsmModel / EsmForMaskedLM / EsmForProteinFolding (or subclasses)"
     )

@@ -49,7 +49,7 @@ def compare_models(fp_model: nn.Module, q_model: nn.Module, sequences: Sequence[
         batch = adapter.make_batch([seq])
         out_fp, out_q = adapter.forward(fp_model, batch), adapter.forward(q_model, batch)
         ref, oth = main_output(out_fp), main_output(out_q)
-        if "positions" in getattr(out_fp, "keys", lambda: ())():
+        if hasattr(out_fp, "keys") and "positions" in out_fp.keys():
             ca_fp, ca_q = ref[0, :, 1].double(), oth[0, :, 1].double()  # atom14 index 1 = CA
             rel.append(relative_error(ca_fp, ca_q))
             from ptq_protein.eval.tmscore import tm_score
