@@ -61,17 +61,25 @@ class SiteStats:
     def count(self) -> int:
         return 0 if self.moments.moments is None else int(self.moments.count)
 
-    def update(self, values: torch.Tensor) -> None:
-        """``values``: [n, C] valid activations of one call, already checked finite."""
+    def update(self, values: torch.Tensor, extremes: Optional[tuple] = None) -> None:
+        """``values``: [n, C] valid activations of one call, already checked finite.
+
+        ``extremes`` = ``torch.aminmax(values)`` when the caller has it (it is the
+        finiteness check), so the full tensor is scanned once for the range; the
+        other statistics see a sample in float64.
+        """
         if values.numel() == 0:
             return
-        per_channel = self.spec.granularity is Granularity.PER_CHANNEL
-        values = values.to(torch.float64)  # once, not once per observer
-        self.minmax.update(values if per_channel else values.reshape(-1), checked=True)
+        lo, hi = extremes if extremes is not None else torch.aminmax(values)
+        if self.spec.granularity is Granularity.PER_CHANNEL:
+            self.minmax.update(values, checked=True)
+        else:
+            self.minmax.update(torch.stack([lo, hi]), checked=True)  # same min/max as all values
         stride = -(-values.numel() // MAX_SAMPLED_VALUES)
-        sample = values[::stride].reshape(-1) if stride > 1 else values.reshape(-1)
+        sample = values.reshape(-1)
         if stride > 1:  # keep this call's exact extremes in the histogram's support
-            sample = torch.cat([sample, torch.stack(torch.aminmax(values))])
+            sample = torch.cat([values[::stride].reshape(-1), torch.stack([lo, hi])])
+        sample = sample.to(torch.float64)
         self.moments.update(sample, checked=True)
         self.histogram.update(sample, checked=True)
         if self.topk is not None:
@@ -110,13 +118,16 @@ def _valid_values(x: torch.Tensor, state: _MaskState, stats: SiteStats, channel_
 def _observe(x: torch.Tensor, state: _MaskState, stats: SiteStats, channel_last: bool = True) -> None:
     stats.calls += 1
     values = _valid_values(x, state, stats, channel_last)
-    if values.numel() and not all(map(torch.isfinite, torch.aminmax(values))):  # NaN/Inf reach the extremes
+    if values.numel() == 0:
+        return
+    extremes = torch.aminmax(values)
+    if not all(map(torch.isfinite, extremes)):  # NaN/Inf always reach the extremes
         kind = "NaN" if torch.isnan(values).any() else "Inf"
         raise InputError(
             f"{kind} in activations at site {stats.site.name} during calibration: the float model itself "
             "produces non-finite values on these sequences; check the weights, or use --dtype float32"
         )
-    stats.update(values)
+    stats.update(values, extremes)
 
 
 class _RecordingHost(nn.Module):
