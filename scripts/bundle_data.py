@@ -3,7 +3,7 @@
 
 Usage::
 
-    python scripts/bundle_data.py                      # source ../shared/data, relative to the repo root
+    python scripts/bundle_data.py --source /path/to/data   # e.g. the steering repo's shared/data folder
     python scripts/bundle_data.py --source DIR --dest ptq_protein/data
     python scripts/bundle_data.py --check              # rebuild in memory, report differences, write nothing
 
@@ -73,8 +73,8 @@ _COPIED_KEYS = ("format", "duplicates", "numbering", "description", "source", "l
 
 def main(argv: List[str] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--source", type=Path, default=REPO.parent / "shared" / "data",
-                        help="folder with cameo139/, casp14/, cameo2022/ (default: ../shared/data)")
+    parser.add_argument("--source", type=Path, required=True,
+                        help="folder with cameo139/, casp14/, cameo2022/ (the data the bundle is rebuilt from)")
     parser.add_argument("--dest", type=Path, default=REPO / "ptq_protein" / "data",
                         help="package data folder to (re)write (default: ptq_protein/data)")
     parser.add_argument("--check", action="store_true", help="only compare with the existing bundle")
