@@ -11,11 +11,11 @@ The calibration loop keeps B distinct from T and L so this is unambiguous.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["align_mask"]
+__all__ = ["align_mask", "valid_boxes"]
 
 
 def _seq_mask(size: int, token_mask: torch.Tensor, residue_mask: torch.Tensor) -> Optional[torch.Tensor]:
@@ -36,6 +36,30 @@ def _batch_dim(dims: Sequence[int], batch: int, seq_sizes: set) -> Optional[tupl
     return None
 
 
+def _layout(shape: Sequence[int], token_mask: torch.Tensor, residue_mask: torch.Tensor,
+            channel_last: bool) -> Optional[tuple]:
+    """``(batch dim, repeat, [(dim, seq mask [B*repeat, size])])``, or None when no layout matches."""
+    dims = list(shape[:-1] if channel_last else shape)
+    batch = token_mask.shape[0]
+    seq_sizes = {token_mask.shape[1], residue_mask.shape[1]}
+    found = _batch_dim(dims, batch, seq_sizes)
+    if found is None:
+        return None
+    bdim, repeat = found
+    seqs = []
+    for i, size in enumerate(dims):
+        seq = None if i == bdim else _seq_mask(size, token_mask, residue_mask)
+        if seq is not None:
+            seqs.append((i, seq.repeat_interleave(repeat, dim=0) if repeat > 1 else seq))
+    return (bdim, repeat, seqs) if seqs else None
+
+
+def _flat_tokens(shape: Sequence[int], token_mask: torch.Tensor, channel_last: bool) -> bool:
+    """(B*T, C): batch-first tokens flattened into one dimension."""
+    dims = list(shape[:-1] if channel_last else shape)
+    return len(dims) == 1 and dims[0] == token_mask.numel()
+
+
 def align_mask(shape: Sequence[int], token_mask: torch.Tensor, residue_mask: torch.Tensor,
                channel_last: bool = True) -> Optional[torch.Tensor]:
     """Boolean mask of valid positions for an activation of ``shape``.
@@ -52,34 +76,62 @@ def align_mask(shape: Sequence[int], token_mask: torch.Tensor, residue_mask: tor
     A bool tensor broadcastable to ``shape`` (the masked dimensions at full size,
     the others 1), or None when no layout matches (the caller then keeps all values).
     """
-    dims = list(shape[:-1] if channel_last else shape)
-    batch = token_mask.shape[0]
-    seq_sizes = {token_mask.shape[1], residue_mask.shape[1]}
-    if len(dims) == 1 and dims[0] == token_mask.numel():  # (B*T, C): flattened batch-first tokens
+    if _flat_tokens(shape, token_mask, channel_last):
         return token_mask.reshape(-1, *([1] if channel_last else []))
-    found = _batch_dim(dims, batch, seq_sizes)
-    if found is None:
+    layout = _layout(shape, token_mask, residue_mask, channel_last)
+    if layout is None:
         return None
-    bdim, repeat = found
+    bdim, _, seqs = layout
     mask = torch.ones([1] * len(shape), dtype=torch.bool, device=token_mask.device)
-    used_seq = False
-    for i, size in enumerate(dims):
-        if i == bdim:
-            continue
-        seq = _seq_mask(size, token_mask, residue_mask)
-        if seq is None:
-            continue
-        used_seq = True
-        if repeat > 1:
-            seq = seq.repeat_interleave(repeat, dim=0)
+    for i, seq in seqs:
         view = [1] * len(shape)
         view[bdim] = seq.shape[0]
         view[i] = seq.shape[1]
-        if bdim > i:  # (T, B, ...) layout: the sequence dimension comes first
-            part = seq.t().reshape(view)
-        else:
-            part = seq.reshape(view)
+        part = seq.t().reshape(view) if bdim > i else seq.reshape(view)  # (T, B, ...): sequence dim first
         mask = mask & part.to(mask.device)
-    if not used_seq:
-        return None
     return mask
+
+
+def _runs(mask: torch.Tensor) -> Optional[List[Tuple[int, int]]]:
+    """``[(start, stop)]`` of each row's True run of a [N, n] bool mask; None if a row has two runs."""
+    counts = mask.sum(1)
+    first = mask.int().argmax(1)  # the first True (0 for an empty row)
+    pos = torch.arange(mask.shape[1], device=mask.device)
+    one_run = (pos >= first[:, None]) & (pos < (first + counts)[:, None])
+    if not torch.equal(one_run, mask):
+        return None
+    return list(zip(first.tolist(), (first + counts).tolist()))
+
+
+def valid_boxes(shape: Sequence[int], token_mask: torch.Tensor, residue_mask: torch.Tensor,
+                channel_last: bool = True) -> Optional[List[Tuple[slice, ...]]]:
+    """The valid positions of ``shape`` as one box of slices per sequence, or None.
+
+    Each sequence's residues form one run of positions, so its valid set in any
+    layout is a box (a run in every sequence dimension): ``x[box]`` is a view,
+    and statistics over the boxes equal those over ``x[align_mask(...)]``
+    without copying the activation. None when no layout matches or a mask row
+    is not one run (use :func:`align_mask` then). Empty sequences get no box.
+    """
+    if _flat_tokens(shape, token_mask, channel_last):
+        runs = _runs(token_mask)
+        if runs is None:
+            return None
+        t = token_mask.shape[1]
+        return [(slice(b * t + s, b * t + e),) for b, (s, e) in enumerate(runs) if e > s]
+    layout = _layout(shape, token_mask, residue_mask, channel_last)
+    if layout is None:
+        return None
+    bdim, repeat, seqs = layout
+    runs = {i: _runs(seq[::repeat]) for i, seq in seqs}  # the repeated rows are copies
+    if any(r is None for r in runs.values()):
+        return None
+    boxes = []
+    for b in range(token_mask.shape[0]):
+        box = [slice(None)] * len(shape)
+        box[bdim] = slice(b * repeat, (b + 1) * repeat)
+        for i, r in runs.items():
+            box[i] = slice(*r[b])
+        if all(runs[i][b][1] > runs[i][b][0] for i in runs):
+            boxes.append(tuple(box))
+    return boxes

@@ -19,6 +19,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ptq_protein.config import Backend, Granularity, Scheme, TensorQuant
+from ptq_protein.fused import fused_call, piecewise_fake, uniform_fake
 from ptq_protein.quant.codebook import PiecewiseCodebook, pwlq_dequantize, pwlq_quantize
 from ptq_protein.quant.uniform import choose_qparams, dequantize, dynamic_per_token, qrange, quantize
 
@@ -98,20 +99,22 @@ class ActQuantizer(nn.Module):
 
         The codes are small integers, so computing them and their decoded values
         in float32 (without the integer round trip and NaN bookkeeping) is exact;
-        NaN propagates through round/clamp by itself.
+        NaN propagates through round/clamp by itself. Large tensors go through one
+        fused compiled loop (:mod:`ptq_protein.fused`), small ones run eagerly.
         """
         xf = x if x.dtype == torch.float64 else x.to(torch.float32)
         if self.spec.scheme is Scheme.PWLQ:
-            return self._fake_pwlq(xf).to(x.dtype)
+            thresholds, table = self._region_table(xf.device)
+            out = fused_call(piecewise_fake, xf, thresholds.to(xf.dtype), table, eager=self._fake_pwlq)
+            return out.to(x.dtype)
         qmin, qmax = qrange(self.spec.bits, self.spec.symmetric)
-        zp = self.zero_point.to(xf.dtype)
-        q = torch.clamp(torch.round(xf / self.scale.to(xf.dtype)) + zp, qmin, qmax)
-        return ((q - zp).to(torch.float32) * self.scale).to(x.dtype)
+        return fused_call(uniform_fake, xf, self.scale, self.zero_point, qmin, qmax).to(x.dtype)
 
-    def _fake_pwlq(self, xf: torch.Tensor) -> torch.Tensor:
-        thresholds, table = self._region_table(xf.device)
+    @staticmethod
+    def _fake_pwlq(xf: torch.Tensor, thresholds: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """Eager PWLQ fake quantization: a gather beats :func:`piecewise_fake`'s where chain when not compiled."""
         region = torch.zeros(xf.shape, dtype=torch.long, device=xf.device)
-        for t in thresholds.to(xf.dtype):  # R <= 8: a few comparisons beat searchsorted
+        for t in thresholds:  # R <= 8: a few comparisons beat searchsorted
             region += xf >= t
         off, sc, lo, hi = table[region].unbind(-1)  # one gather of all four region parameters
         q = torch.minimum(torch.maximum(torch.round((xf - off.to(xf.dtype)) / sc.to(xf.dtype)), lo), hi)

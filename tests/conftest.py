@@ -5,6 +5,9 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Fake quantizers run eagerly in the suite (no per-process compile); tests/core/test_fused.py
+# switches the compiled path on and checks it equals the eager one.
+os.environ.setdefault("PTQ_PROTEIN_FUSED", "off")
 
 try:
     import torch

@@ -72,7 +72,8 @@ class HistogramObserver:
             self.lo, self.width = mid - 0.5 * span, span / self.bins
         else:
             self._grow(dmin, dmax)
-        idx = torch.floor((x - self.lo) / self.width).clamp_(0, self.bins - 1).long()
+        # clamp, then truncate: equal to floor on the clamped (non-negative) values, one pass less
+        idx = ((x - self.lo) / self.width).clamp_(0, self.bins - 1).long()
         self.counts += torch.bincount(idx, minlength=self.bins).to(torch.float64)
         self.min_val, self.max_val = min(self.min_val, dmin), max(self.max_val, dmax)
 

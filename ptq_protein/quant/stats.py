@@ -39,6 +39,8 @@ def batch_moments(x: torch.Tensor) -> Moments:
     mean = x.mean(0)
     d = x - mean
     d2 = d * d
+    if x.dim() == 1:  # dot products: no temporaries for the third and fourth powers
+        return Moments(n, mean, d2.sum(), torch.dot(d2, d), torch.dot(d2, d2))
     return Moments(n, mean, d2.sum(0), (d2 * d).sum(0), (d2 * d2).sum(0))
 
 

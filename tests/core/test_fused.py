@@ -1,0 +1,151 @@
+"""The compiled (fused) fake quantizers equal the eager reference exactly, and fall back cleanly."""
+
+import logging
+
+import pytest
+import torch
+
+from ptq_protein import fused
+from ptq_protein.config import Scheme, TensorQuant
+from ptq_protein.modules import ActQuantizer
+from ptq_protein.quant.codebook import codebook_step_function, pwlq_fake_quantize
+from ptq_protein.quant.pwlq import asymmetric_pwlq, pwlq_from_breakpoints
+
+CODEBOOKS = [asymmetric_pwlq(3.0, 1.0, 20.0, 4.0, 8),  # 4 regions: the presets' shape
+             pwlq_from_breakpoints([1.0, 3.0], [0.5, 2.0, 6.0], 9.0, 30.0, 8)]  # 3 breakpoints on one side
+
+
+@pytest.fixture
+def fused_mode():
+    """Set the fused policy for one test, restore it (and a remembered failure) afterwards."""
+    saved_broken = fused._broken
+
+    def set_mode(mode, min_numel=0):
+        fused.configure(mode, min_numel)
+
+    old = fused.configure()
+    yield set_mode
+    fused.configure(old.mode, old.min_numel)
+    fused._broken = saved_broken
+
+
+def _hard_values(cb, dtype):
+    """Random values plus every threshold, level and rounding midpoint, and their float neighbours."""
+    torch.manual_seed(0)
+    levels, bounds = codebook_step_function(cb)
+    mids = (levels[1:] + levels[:-1]) / 2
+    edges = torch.cat([torch.tensor(cb.thresholds, dtype=torch.float64), bounds, levels, mids]).to(dtype)
+    around = torch.cat([edges, torch.nextafter(edges, torch.tensor(float("inf"), dtype=dtype)),
+                        torch.nextafter(edges, torch.tensor(-float("inf"), dtype=dtype))])
+    special = torch.tensor([0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e30, -1e30], dtype=dtype)
+    noise = (torch.randn(4096, dtype=torch.float64) * 8).to(dtype)
+    return torch.cat([around, special, noise])
+
+
+def _same(a, b):
+    """Equal values, NaN where NaN (-0.0 == +0.0: inductor may drop the sign of zero)."""
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(torch.isnan(a), torch.isnan(b)) and \
+        torch.equal(torch.nan_to_num(a, nan=0.0), torch.nan_to_num(b, nan=0.0))
+
+
+def test_settings_validate_and_restore(monkeypatch):
+    with pytest.raises(ValueError, match="PTQ_PROTEIN_FUSED"):
+        fused.FusedSettings(mode="fast")
+    with pytest.raises(ValueError, match="min_numel"):
+        fused.FusedSettings(min_numel=-1)
+    monkeypatch.setattr(fused, "_settings", None)
+    monkeypatch.setenv(fused.ENV_VAR, " OFF ")
+    assert fused.settings().mode == "off"
+    old = fused.configure("on", 7)
+    assert old.mode == "off" and fused.settings() == fused.FusedSettings("on", 7)
+
+
+@pytest.mark.parametrize("cb", CODEBOOKS, ids=["asym-4-regions", "7-regions"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_piecewise_fake_eager_matches_codebook(cb, dtype):
+    x = _hard_values(cb, dtype)
+    q = ActQuantizer(TensorQuant(bits=8, scheme=Scheme.PWLQ, symmetric=False), codebook=cb)
+    thresholds, table = q._region_table(x.device)
+    want = pwlq_fake_quantize(x, cb).to(torch.float32)
+    assert _same(fused.piecewise_fake(x, thresholds.to(dtype), table), want)
+
+
+@pytest.mark.parametrize("cb", CODEBOOKS, ids=["asym-4-regions", "7-regions"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_compiled_pwlq_matches_reference(fused_mode, cb, dtype):
+    fused_mode("on")
+    values = _hard_values(cb, dtype)
+    x = torch.stack([values, values.flip(0)]).t()  # 2-D and not contiguous
+    q = ActQuantizer(TensorQuant(bits=8, scheme=Scheme.PWLQ, symmetric=False), codebook=cb)
+    with torch.no_grad():
+        got = q(x)
+    assert fused._broken is None, fused._broken  # the compiled path really ran
+    assert _same(got, pwlq_fake_quantize(x, cb))
+
+
+@pytest.mark.parametrize("symmetric, scale, zp", [(True, torch.tensor(0.05), torch.tensor(0)),
+                                                  (False, torch.tensor([0.07, 1e-3, 0.5]), torch.tensor([-13, 100, 0]))],
+                         ids=["per-tensor-sym", "per-channel-asym"])
+def test_compiled_uniform_matches_eager(fused_mode, symmetric, scale, zp):
+    q = ActQuantizer(TensorQuant(bits=8, symmetric=symmetric), scale=scale, zero_point=zp)
+    torch.manual_seed(1)
+    x = torch.cat([torch.randn(3000, 3) * 20, torch.tensor([[float("nan"), float("inf"), -float("inf")]])])
+    x = torch.cat([x, (torch.round(x * 40) / 40 + 0.0125)])  # rounding ties of the 0.05 grid
+    with torch.no_grad():
+        fused_mode("off")
+        want = q(x)
+        fused_mode("on")
+        got = q(x.reshape(2, -1, 3))
+    assert fused._broken is None, fused._broken
+    assert _same(got.reshape(x.shape), want)
+
+
+def test_auto_mode_keeps_small_tensors_eager(fused_mode, monkeypatch):
+    calls = []
+    monkeypatch.setattr(fused, "_compiled_version", lambda fn: calls.append(fn) or fn)
+    fused_mode("auto", 100)
+    x = torch.randn(99)
+    assert torch.equal(fused.fused_call(fused.uniform_fake, x, torch.tensor(0.1), torch.tensor(0), -128, 127),
+                       fused.uniform_fake(x, torch.tensor(0.1), torch.tensor(0), -128, 127))
+    assert calls == []
+    fused.fused_call(fused.uniform_fake, torch.randn(100), torch.tensor(0.1), torch.tensor(0), -128, 127)
+    assert calls == [fused.uniform_fake]
+    fused_mode("off", 0)
+    fused.fused_call(fused.uniform_fake, torch.randn(1000), torch.tensor(0.1), torch.tensor(0), -128, 127)
+    assert len(calls) == 1
+
+
+def test_compile_failure_warns_once_and_falls_back(fused_mode, monkeypatch, caplog):
+    def broken(fn):
+        def run(*args):
+            raise RuntimeError("no C++ compiler found\nlong details")
+        return run
+
+    monkeypatch.setattr(fused, "_compiled_version", broken)
+    fused_mode("on")
+    cb = CODEBOOKS[0]
+    q = ActQuantizer(TensorQuant(bits=8, scheme=Scheme.PWLQ, symmetric=False), codebook=cb)
+    x = _hard_values(cb, torch.float32)
+    with caplog.at_level(logging.WARNING, logger="ptq_protein.fused"):
+        first, second = q(x), q(x)
+    assert _same(first, pwlq_fake_quantize(x, cb)) and _same(second, first)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "RuntimeError: no C++ compiler found" in warnings[0] and "long details" not in warnings[0]
+
+
+def test_compiled_model_is_bit_identical(fused_mode):
+    """A quantized tiny ESM-2 gives the same logits with the fused path on and off."""
+    import ptq_protein as pp
+    from ptq_protein.models.tiny import tiny_esm2
+
+    model, alphabet = tiny_esm2(0)
+    seqs = ["MKTAYIAKQRQISFVKSHFSRQ", "GSHMLEDPVAGKT"]
+    tokens = torch.tensor([[alphabet.cls_idx] + [alphabet.get_idx(a) for a in seqs[0]] + [alphabet.eos_idx]])
+    qmodel = pp.quantize(model, "w8a8-pwlq", calibration=seqs)
+    with torch.no_grad():
+        fused_mode("off")
+        want = qmodel(tokens)["logits"]
+        fused_mode("on")
+        got = qmodel(tokens)["logits"]
+    assert fused._broken is None, fused._broken
+    assert torch.equal(got, want)
