@@ -133,15 +133,16 @@ def test_compile_failure_warns_once_and_falls_back(fused_mode, monkeypatch, capl
     assert len(warnings) == 1 and "RuntimeError: no C++ compiler found" in warnings[0] and "long details" not in warnings[0]
 
 
-def test_compiled_model_is_bit_identical(fused_mode):
-    """A quantized tiny ESM-2 gives the same logits with the fused path on and off."""
+@pytest.mark.parametrize("preset", ["w8a8-pwlq", "w8a8-uniform", "w8a8-pwlq-all"])
+def test_compiled_model_is_bit_identical(fused_mode, preset):
+    """A quantized tiny ESM-2 gives the same logits with the fused path on and off (matmul operands too)."""
     import ptq_protein as pp
     from ptq_protein.models.tiny import tiny_esm2
 
     model, alphabet = tiny_esm2(0)
     seqs = ["MKTAYIAKQRQISFVKSHFSRQ", "GSHMLEDPVAGKT"]
     tokens = torch.tensor([[alphabet.cls_idx] + [alphabet.get_idx(a) for a in seqs[0]] + [alphabet.eos_idx]])
-    qmodel = pp.quantize(model, "w8a8-pwlq", calibration=seqs)
+    qmodel = pp.quantize(model, preset, calibration=seqs)
     with torch.no_grad():
         fused_mode("off")
         want = qmodel(tokens)["logits"]
