@@ -138,6 +138,18 @@ class FairEsmAdapter(ModelAdapter):
             if hasattr(module, "enable_torch_version"):
                 module.enable_torch_version = False
 
+    @contextlib.contextmanager
+    def calibration_mode(self, model: nn.Module) -> Iterator[None]:
+        # fair-esm's RotaryEmbedding caches its cos/sin tables by length and device but
+        # not dtype: tables left by the float32 calibration forwards would make q/k
+        # float32 in a model later cast with .to(torch.bfloat16). Forget them.
+        try:
+            yield
+        finally:
+            for module in model.modules():
+                if hasattr(module, "_seq_len_cached"):
+                    module._seq_len_cached = None
+
     def make_batch(self, sequences: Sequence[str]) -> Batch:
         tokens, mask = _esm_tokens(sequences)
         return Batch({"tokens": tokens}, mask, mask[:, 1:-1], tuple(sequences))

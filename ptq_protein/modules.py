@@ -26,6 +26,19 @@ from ptq_protein.quant.uniform import choose_qparams, dequantize, dynamic_per_to
 __all__ = ["ActQuantizer", "QuantLinear", "QuantInput"]
 
 
+def _apply_keeping_float32(module: nn.Module, names: tuple, fn, recurse: bool):
+    """``nn.Module._apply`` that moves the float32 buffers ``names`` but keeps their dtype.
+
+    Quantization parameters are part of the recipe: ``qmodel.to(torch.bfloat16)``
+    must change the compute dtype, not round the scales to bf16.
+    """
+    kept = {n: getattr(module, n) for n in names if getattr(module, n, None) is not None}
+    out = nn.Module._apply(module, fn, recurse)
+    for n, old in kept.items():
+        setattr(module, n, old.to(device=getattr(module, n).device))
+    return out
+
+
 class ActQuantizer(nn.Module):
     """Quantizer of one activation site.
 
@@ -45,6 +58,10 @@ class ActQuantizer(nn.Module):
             self.register_buffer("zero_point", zero_point.detach().to(torch.int32).clone())
         if spec.scheme is Scheme.PWLQ and not spec.runtime_breakpoints and codebook is None:
             raise ValueError("a static piecewise-linear activation quantizer needs a codebook")
+
+    def _apply(self, fn, recurse=True):
+        self._table = None
+        return _apply_keeping_float32(self, ("scale",), fn, recurse)
 
     @property
     def is_static(self) -> bool:
@@ -198,7 +215,7 @@ class QuantLinear(nn.Module):
     def _apply(self, fn, recurse=True):  # device/dtype moves invalidate the caches
         self._dequantized = None
         self._int_cache = {}
-        return super()._apply(fn, recurse)
+        return _apply_keeping_float32(self, ("weight_scale",), fn, recurse)
 
     # -- forward ---------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -204,3 +204,23 @@ def test_calibration_memory_is_bounded(esm2, seqs):
     small = calibrate(esm2, adapter, sites, specs, seqs[:2], batch_size=1)
     large = calibrate(esm2, adapter, sites, specs, seqs * 4, batch_size=1)
     assert state_numel(small) == state_numel(large)
+
+
+@pytest.mark.parametrize("preset", ["w8a8-uniform", "w8a8-pwlq"])
+def test_cast_to_bfloat16_keeps_the_quantization_parameters(esm2, seqs, preset):
+    """qmodel.to(bf16) runs in bf16 (fair-esm's rotary tables from calibration are dropped) with float32 scales."""
+    import copy
+
+    from ptq_protein.modules import ActQuantizer, QuantLinear
+
+    q = pp.quantize(esm2, preset, calibration=seqs, batch_size=2)
+    q16 = copy.deepcopy(q).to(torch.bfloat16)
+    logits = _logits(q16, seqs[:1])
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(logits).all()
+    scales = [(n, b) for n, b in q16.named_buffers() if n.endswith("scale")]
+    assert scales and all(b.dtype == torch.float32 for _, b in scales)
+    assert all(torch.equal(b, q.get_buffer(n)) for n, b in scales)
+    lin = next(m for m in q16.modules() if isinstance(m, QuantLinear) and isinstance(m.input_quant, ActQuantizer))
+    lin32 = q.get_submodule(next(n for n, m in q16.named_modules() if m is lin))
+    x = torch.randn(7, lin.in_features).to(torch.bfloat16)
+    assert torch.equal(lin.input_quant(x), lin32.input_quant(x))  # the same grid, whatever the module dtype
