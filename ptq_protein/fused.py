@@ -17,9 +17,15 @@ returns -0.0; they compare equal.)
 
 Policy, from ``PTQ_PROTEIN_FUSED`` or :func:`configure`:
 
-* ``auto`` (default): compile tensors of at least ``min_numel`` values (small
-  tensors are cheaper eagerly than through the compiled call's guards);
-* ``on``: compile every tensor; ``off``: always eager.
+* ``auto`` (default): compile CPU tensors of at least ``min_numel`` values
+  (small tensors are cheaper eagerly than through the compiled call's guards);
+* ``on``: compile every tensor, CUDA ones too; ``off``: always eager.
+
+CUDA stays eager under ``auto``: Triton may contract ``offset + scale * q`` into
+one fused multiply-add (a last-bit difference in the decoded value) and, unless
+inductor is told otherwise (done here where torch has the switch), divides
+approximately (a code off by one at a rounding tie), so bit-equality with eager
+there is checked only by the GPU-marked test, not promised.
 
 The first call per (function, dtype) compiles for a few seconds. When
 compilation is impossible here (no C++ compiler, an unsupported Python) the
@@ -88,15 +94,23 @@ def _wanted(x: torch.Tensor) -> bool:
     s = settings()
     if s.mode == "off" or _broken is not None or x.numel() == 0:
         return False
-    if s.mode == "auto" and x.numel() < s.min_numel:
+    if s.mode == "auto" and (x.numel() < s.min_numel or x.device.type != "cpu"):
         return False
     # A torch-function mode (the MATMUL interceptor) would be traced into the graph.
     return not torch._C._is_torch_function_mode_enabled()
 
 
+def _compile_options() -> dict:
+    """Ask inductor for IEEE division in Triton code where this torch has the switch."""
+    from torch._inductor import config
+
+    numerics = getattr(config, "eager_numerics", None)
+    return {"eager_numerics.division_rounding": True} if hasattr(numerics, "division_rounding") else {}
+
+
 def _compiled_version(fn: Callable) -> Callable:
     if fn not in _compiled:
-        _compiled[fn] = torch.compile(fn, dynamic=True)
+        _compiled[fn] = torch.compile(fn, dynamic=True, options=_compile_options())
     return _compiled[fn]
 
 

@@ -110,6 +110,10 @@ def test_auto_mode_keeps_small_tensors_eager(fused_mode, monkeypatch):
     assert calls == []
     fused.fused_call(fused.uniform_fake, torch.randn(100), torch.tensor(0.1), torch.tensor(0), -128, 127)
     assert calls == [fused.uniform_fake]
+    meta = {"device": "meta"}  # under auto, only CPU tensors compile (exactness is verified there)
+    fused.fused_call(fused.uniform_fake, torch.empty(1000, **meta), torch.tensor(0.1, **meta),
+                     torch.tensor(0, **meta), -128, 127)
+    assert len(calls) == 1
     fused_mode("off", 0)
     fused.fused_call(fused.uniform_fake, torch.randn(1000), torch.tensor(0.1), torch.tensor(0), -128, 127)
     assert len(calls) == 1
@@ -150,3 +154,18 @@ def test_compiled_model_is_bit_identical(fused_mode, preset):
         got = qmodel(tokens)["logits"]
     assert fused._broken is None, fused._broken
     assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+def test_compiled_pwlq_on_cuda_matches_eager(fused_mode):
+    """Run on a GPU session: does the Triton loop (mode "on") equal the eager CUDA path?"""
+    cb = CODEBOOKS[0]
+    q = ActQuantizer(TensorQuant(bits=8, scheme=Scheme.PWLQ, symmetric=False), codebook=cb).cuda()
+    x = _hard_values(cb, torch.float32).cuda()
+    with torch.no_grad():
+        fused_mode("off")
+        want = q(x)
+        fused_mode("on")
+        got = q(x)
+    assert fused._broken is None, fused._broken
+    assert _same(got, want), f"{int((got != want).sum())} of {x.numel()} values differ"
