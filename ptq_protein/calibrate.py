@@ -209,6 +209,7 @@ def _valid_values(x: torch.Tensor, state: _MaskState, stats: SiteStats,
 
 
 def _observe(x: torch.Tensor, state: _MaskState, stats: SiteStats, channel_last: bool = True) -> None:
+    """Fold one call's valid values of ``x`` into ``stats`` (or copy a site that saw this very tensor)."""
     last = state.last
     if last is not None and last.shared_with(x, stats, channel_last):
         stats.copy_from(last.stats)

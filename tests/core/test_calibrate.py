@@ -82,3 +82,20 @@ def test_sites_with_other_specs_do_not_share(monkeypatch):
     monkeypatch.setattr(cal.SiteStats, "copy_from", lambda self, other: copies.append(self.site.name))
     stats = _toy_stats([TensorQuant(range_method=RangeMethod.TOPK, topk=3), TensorQuant()] * 2)
     assert copies == [] and stats["a"].topk is not None and stats["b"].topk is None
+
+
+def test_per_channel_ranges_ignore_padding(esm2, seqs):
+    """Per-channel extremes from padded batches (per-sequence views) equal those of one sequence at a time."""
+    from ptq_protein.config import Granularity
+
+    spec = TensorQuant(granularity=Granularity.PER_CHANNEL, symmetric=False)
+    adapter = get_adapter(esm2)
+    sites = select_sites(discover_sites(esm2, adapter), PRESETS["w8a8-uniform"])
+    specs = {s.name: spec for s in sites}
+    together = cal.calibrate(esm2, adapter, sites, specs, seqs[:3], batch_size=3)
+    alone = [cal.calibrate(esm2, adapter, sites, specs, [s], batch_size=1) for s in seqs[:3]]
+    for name, st in together.items():
+        lo = torch.stack([a[name].minmax.min_val for a in alone]).amin(0)
+        hi = torch.stack([a[name].minmax.max_val for a in alone]).amax(0)
+        assert st.minmax.min_val.shape == (st.minmax.min_val.numel(),) and st.minmax.min_val.numel() > 1
+        assert torch.equal(st.minmax.min_val, lo) and torch.equal(st.minmax.max_val, hi), name
