@@ -83,9 +83,9 @@ class SiteStats:
             self.minmax.update(torch.cat([_channel_extremes(p) for p in parts]), checked=True)
         else:
             self.minmax.update(torch.stack([lo, hi]), checked=True)  # same min/max as all values
-        sample = _sample(parts, lo, hi)
-        self.moments.update(sample, checked=True)
-        self.histogram.update(sample, checked=True)
+        sample = _sample(parts, lo, hi)  # its min and max are exactly lo and hi
+        self.moments.update(sample, checked=True, extremes=(lo, hi))
+        self.histogram.update(sample, checked=True, extremes=(lo, hi))
         if self.topk is not None:
             self.topk.update(sample, checked=True)
 

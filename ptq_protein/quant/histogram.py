@@ -60,12 +60,15 @@ class HistogramObserver:
         """Grid edges ``[bins + 1]`` (float64)."""
         return self.lo + self.width * torch.arange(self.bins + 1, dtype=torch.float64)
 
-    def update(self, x: torch.Tensor, checked: bool = False) -> None:
-        """Add a batch of finite values (any shape); empty input is ignored."""
+    def update(self, x: torch.Tensor, checked: bool = False, extremes: tuple | None = None) -> None:
+        """Add a batch of finite values (any shape); empty input is ignored.
+
+        ``extremes`` = ``(min, max)`` of ``x`` when the caller already has them.
+        """
         x = prepare_update(x, per_channel=False, seen=None, checked=checked)
         if x is None:
             return
-        dmin, dmax = (float(v) for v in torch.aminmax(x))
+        dmin, dmax = (float(v) for v in (torch.aminmax(x) if extremes is None else extremes))
         if self.width == 0.0:
             span = max(dmax - dmin, _MIN_REL_SPAN * max(abs(dmin), abs(dmax)), _MIN_ABS_SPAN)
             mid = 0.5 * (dmin + dmax)

@@ -72,14 +72,19 @@ class MomentsObserver:
         self.min_val: torch.Tensor | None = None
         self.max_val: torch.Tensor | None = None
 
-    def update(self, x: torch.Tensor, checked: bool = False) -> None:
-        """Merge a batch of finite values; empty input is ignored."""
+    def update(self, x: torch.Tensor, checked: bool = False, extremes: tuple | None = None) -> None:
+        """Merge a batch of finite values; empty input is ignored.
+
+        ``extremes`` = ``(min, max)`` of ``x`` when the caller already has them
+        (per-tensor only): saves two passes over ``x``.
+        """
         x = prepare_update(x, self.per_channel, self.min_val, checked)
         if x is None:
             return
         b = batch_moments(x)
         self.moments = b if self.moments is None else merge_moments(self.moments, b)
-        fold_extremes(self, x)
+        use_known = extremes is not None and not self.per_channel
+        fold_extremes(self, torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in extremes]) if use_known else x)
 
     def _m(self) -> Moments:
         if self.moments is None:

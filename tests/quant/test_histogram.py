@@ -110,3 +110,15 @@ def test_expected_sq_error_matches_samples_for_uniform_quantizer(gen):
         idx = torch.searchsorted(0.5 * (levels[1:] + levels[:-1]), x)
         empirical = float(((levels[idx] - x) ** 2).mean())
         assert got == pytest.approx(empirical, rel=0.01)
+
+
+def test_known_extremes_give_the_same_histogram():
+    from ptq_protein.quant.histogram import HistogramObserver
+
+    torch.manual_seed(4)
+    a, b = HistogramObserver(64), HistogramObserver(64)
+    for scale in (1.0, 5.0, 0.5):
+        x = (torch.randn(1000) * scale).to(torch.float64)
+        a.update(x)
+        b.update(x, extremes=torch.aminmax(x))
+    assert torch.equal(a.counts, b.counts) and (a.lo, a.width, a.min_val, a.max_val) == (b.lo, b.width, b.min_val, b.max_val)

@@ -69,3 +69,15 @@ def test_constant_data_has_undefined_shape_moments():
     assert math.isnan(float(obs.skewness)) and math.isnan(float(obs.kurtosis))
     with pytest.raises(ValueError, match="no values"):
         _ = MomentsObserver().mean
+
+
+def test_known_extremes_give_the_same_state():
+    """Passing the batch's (min, max) skips a scan and changes nothing."""
+    torch.manual_seed(3)
+    a, b = MomentsObserver(), MomentsObserver()
+    for _ in range(3):
+        x = (torch.randn(500) * 4 + 1).to(torch.float64)  # float32 values, as calibration samples are
+        a.update(x)
+        b.update(x, extremes=tuple(torch.aminmax(x.float())))
+    assert torch.equal(a.min_val, b.min_val) and torch.equal(a.max_val, b.max_val)
+    assert torch.equal(a.moments.m4, b.moments.m4)
