@@ -133,3 +133,21 @@ def test_constant_inputs(factory):
     else:
         lo, hi = obs.compute()
         assert float(lo) == float(hi) == -0.75
+
+
+@pytest.mark.parametrize("largest", [True, False])
+def test_blocked_topk_equals_torch_topk(largest):
+    """The blockwise top-k returns exactly torch.topk's values, ties and sorted inputs included."""
+    from ptq_protein.quant.observers import TOPK_BLOCK, _extreme_values
+
+    gen = torch.Generator().manual_seed(5)
+    for trial in range(60):
+        n = int(torch.randint(TOPK_BLOCK * 400, 70000, (1,), generator=gen))
+        x = torch.randn(n, generator=gen, dtype=torch.float64)
+        if trial % 3 == 0:
+            x = torch.round(x * 2)  # heavy ties
+        if trial % 5 == 0:
+            x = x.sort(descending=trial % 2 == 0).values  # extremes packed into few blocks
+        for k in (1, 5, 100):
+            want = torch.topk(x, k, largest=largest, sorted=True).values
+            assert torch.equal(_extreme_values(x, k, largest), want), (trial, n, k)
