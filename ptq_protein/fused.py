@@ -41,7 +41,7 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-__all__ = ["FusedSettings", "configure", "settings", "fused_call", "piecewise_fake", "uniform_fake"]
+__all__ = ["FusedSettings", "configure", "settings", "fused_call", "padded_regions", "piecewise_fake", "uniform_fake"]
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +96,9 @@ def _wanted(x: torch.Tensor) -> bool:
         return False
     if s.mode == "auto" and (x.numel() < s.min_numel or x.device.type != "cpu"):
         return False
-    # A torch-function mode (the MATMUL interceptor) would be traced into the graph.
-    return not torch._C._is_torch_function_mode_enabled()
+    # Autograd keeps the eager path (the compiled call runs detached), and a
+    # torch-function mode (the MATMUL interceptor) would be traced into the graph.
+    return not x.requires_grad and not torch._C._is_torch_function_mode_enabled()
 
 
 def _compile_options() -> dict:
@@ -114,26 +115,43 @@ def _compiled_version(fn: Callable) -> Callable:
     return _compiled[fn]
 
 
-def fused_call(fn: Callable[..., torch.Tensor], x: torch.Tensor, *params,
+def fused_call(fn: Callable[..., torch.Tensor], x: torch.Tensor, *params, channels: bool = False,
                eager: Optional[Callable[..., torch.Tensor]] = None) -> torch.Tensor:
     """``fn(x, *params)``, compiled when the policy says so, else ``(eager or fn)(x, *params)``.
 
     ``eager`` is an equal-valued implementation that is faster without
-    compilation. The compiled call sees ``x`` as ``[rows, channels]`` (its last
-    dim kept, so per-channel parameters broadcast): one graph serves every rank.
+    compilation. The compiled call gets one canonical input, so one graph serves
+    every site: ``x`` flattened (``[rows, C]`` when ``channels``, for parameters
+    on the last dim), contiguous, detached (a view would make dynamo guard on
+    its base's layout), under ``no_grad`` (grad mode is part of the guards).
     """
     if torch.compiler.is_compiling():  # inside the user's own torch.compile: let it trace fn
         return fn(x, *params)
     if _wanted(x):
         global _broken
+        flat = (x.reshape(-1, x.shape[-1] if x.dim() else 1) if channels else x.reshape(-1)).contiguous().detach()
         try:
-            out = _compiled_version(fn)(x.reshape(-1, x.shape[-1]) if x.dim() else x.reshape(1, 1), *params)
-            return out.reshape(x.shape)
+            with torch.no_grad():
+                return _compiled_version(fn)(flat, *params).reshape(x.shape)
         except Exception as err:  # compilation unavailable here: remember, fall back for good
             _broken = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
             log.warning("fused fake quantization is unavailable (%s); running the eager path (set %s=off to "
                         "silence this)", _broken, ENV_VAR)
     return (eager or fn)(x, *params)
+
+
+def padded_regions(thresholds: torch.Tensor, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same codebook with its region count rounded up to a power of two (one graph per size class).
+
+    Extra regions copy the last one behind ``+inf`` thresholds, so every input
+    (``+inf`` and NaN included) decodes exactly as before.
+    """
+    r = table.shape[0]
+    size = 1 << (r - 1).bit_length()
+    if size == r:
+        return thresholds, table
+    pad_thr = torch.full((size - r,), float("inf"), dtype=thresholds.dtype, device=thresholds.device)
+    return torch.cat([thresholds, pad_thr]), torch.cat([table, table[-1:].expand(size - r, -1)])
 
 
 # -- the fused functions (plain torch: also correct, if slower, when run eagerly) ----------

@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ptq_protein.config import Backend, Granularity, Scheme, TensorQuant
-from ptq_protein.fused import fused_call, piecewise_fake, uniform_fake
+from ptq_protein.fused import fused_call, padded_regions, piecewise_fake, uniform_fake
 from ptq_protein.quant.codebook import PiecewiseCodebook, pwlq_dequantize, pwlq_quantize
 from ptq_protein.quant.uniform import choose_qparams, dequantize, dynamic_per_token, qrange, quantize
 
@@ -101,13 +101,13 @@ class ActQuantizer(nn.Module):
         return dequantize(codes, params[1], params[2])
 
     def _region_table(self, device: torch.device):
-        """(thresholds [R-1], table [R, 4] of offset, scale, code_lo, code_hi)."""
+        """(thresholds [R-1], table [R, 4] of offset, scale, code_lo, code_hi), R padded to a power of two."""
         cached = getattr(self, "_table", None)
         if cached is None or cached[0].device != device:
             cb = self.codebook
             table = torch.stack([cb.offsets(device), cb.scales(device), cb.code_lo_tensor(device).float(),
                                  cb.code_hi_tensor(device).float()], dim=1)
-            cached = (cb.thresholds_tensor(device), table)
+            cached = padded_regions(cb.thresholds_tensor(device), table)  # the compiled path's one graph per size
             self._table = cached
         return cached
 
@@ -125,7 +125,8 @@ class ActQuantizer(nn.Module):
             out = fused_call(piecewise_fake, xf, thresholds.to(xf.dtype), table, eager=self._fake_pwlq)
             return out.to(x.dtype)
         qmin, qmax = qrange(self.spec.bits, self.spec.symmetric)
-        return fused_call(uniform_fake, xf, self.scale, self.zero_point, qmin, qmax).to(x.dtype)
+        return fused_call(uniform_fake, xf, self.scale, self.zero_point, qmin, qmax,
+                          channels=self.scale.dim() > 0).to(x.dtype)
 
     @staticmethod
     def _fake_pwlq(xf: torch.Tensor, thresholds: torch.Tensor, table: torch.Tensor) -> torch.Tensor:

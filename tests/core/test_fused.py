@@ -12,7 +12,9 @@ from ptq_protein.quant.codebook import codebook_step_function, pwlq_fake_quantiz
 from ptq_protein.quant.pwlq import asymmetric_pwlq, pwlq_from_breakpoints
 
 CODEBOOKS = [asymmetric_pwlq(3.0, 1.0, 20.0, 4.0, 8),  # 4 regions: the presets' shape
-             pwlq_from_breakpoints([1.0, 3.0], [0.5, 2.0, 6.0], 9.0, 30.0, 8)]  # 3 breakpoints on one side
+             pwlq_from_breakpoints([1.0, 3.0], [0.5, 2.0, 6.0], 9.0, 30.0, 8),  # 7 regions, padded to 8
+             pwlq_from_breakpoints([], [2.0], 3.0, 20.0, 8)]  # 3 regions, padded to 4
+IDS = ["asym-4-regions", "7-regions", "3-regions"]
 
 
 @pytest.fixture
@@ -60,17 +62,18 @@ def test_settings_validate_and_restore(monkeypatch):
     assert old.mode == "off" and fused.settings() == fused.FusedSettings("on", 7)
 
 
-@pytest.mark.parametrize("cb", CODEBOOKS, ids=["asym-4-regions", "7-regions"])
+@pytest.mark.parametrize("cb", CODEBOOKS, ids=IDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_piecewise_fake_eager_matches_codebook(cb, dtype):
     x = _hard_values(cb, dtype)
     q = ActQuantizer(TensorQuant(bits=8, scheme=Scheme.PWLQ, symmetric=False), codebook=cb)
     thresholds, table = q._region_table(x.device)
+    assert table.shape[0] in (4, 8) and thresholds.shape[0] == table.shape[0] - 1  # padded to a power of two
     want = pwlq_fake_quantize(x, cb).to(torch.float32)
     assert _same(fused.piecewise_fake(x, thresholds.to(dtype), table), want)
 
 
-@pytest.mark.parametrize("cb", CODEBOOKS, ids=["asym-4-regions", "7-regions"])
+@pytest.mark.parametrize("cb", CODEBOOKS, ids=IDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_compiled_pwlq_matches_reference(fused_mode, cb, dtype):
     fused_mode("on")
@@ -169,3 +172,36 @@ def test_compiled_pwlq_on_cuda_matches_eager(fused_mode):
         got = q(x)
     assert fused._broken is None, fused._broken
     assert _same(got, want), f"{int((got != want).sum())} of {x.numel()} values differ"
+
+
+def test_one_graph_serves_every_layout_and_codebook(fused_mode):
+    """Views, transposes, ranks, 3/4-region codebooks and grad mode do not recompile (one graph per dtype)."""
+    import torch._dynamo
+
+    fused_mode("on")
+    torch._dynamo.reset()
+    fused._compiled.clear()
+    compiles = []
+    real = torch.compile
+
+    def counting(fn, **kw):
+        def backend(gm, inputs):
+            compiles.append(fn.__name__)
+            from torch._inductor.compile_fx import compile_fx
+            return compile_fx(gm, inputs)
+        return real(fn, backend=backend, dynamic=kw.get("dynamic"))
+
+    import unittest.mock as um
+    quants = [ActQuantizer(TensorQuant(bits=8, scheme=Scheme.PWLQ, symmetric=False), codebook=cb)
+              for cb in (CODEBOOKS[0], CODEBOOKS[2])]
+    base = torch.randn(6, 40, 48) * 5
+    inputs = [base, base[:, 1:-1], base.transpose(0, 1), base.reshape(-1, 48)[::2], base.reshape(240, 48),
+              base.reshape(2, 3, 40, 48)]
+    with um.patch.object(torch, "compile", counting):
+        for q in quants:
+            for x in inputs:
+                got = q(x)
+                assert _same(got, pwlq_fake_quantize(x, q.codebook))
+        with torch.enable_grad():
+            quants[0](base)
+    assert compiles == ["piecewise_fake"], compiles
