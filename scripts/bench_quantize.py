@@ -9,6 +9,8 @@ sequences of 256 residues, it measures side by side in one run:
   ``w8a8-uniform`` and ``w8a8-pwlq``, with the API's own ``calibrate`` call timed
   through a wrapper (same sites, specs and batches the API builds), against plain
   FP forwards over the same batches;
+* **calibration alone / FP**: the same ``calibrate`` call on prepared copies,
+  without pp.quantize's copy and parameter search around it (less noise);
 * **fake-quant forward / FP** on one batch (default 4 x 256);
 * **peak memory growth** of calibration from 10 to 200 sequences: a fresh
   subprocess per (preset, size) runs ``calibrate`` and reports its peak resident
@@ -19,7 +21,7 @@ sequences of 256 residues, it measures side by side in one run:
 Repetitions are interleaved (the order rotates each round) and medians are
 reported; the torch thread count is fixed and printed. No number is asserted.
 
-    python scripts/bench_quantize.py                # full run (~5 min, one thread)
+    python scripts/bench_quantize.py                # full run (~6 min, one thread)
     python scripts/bench_quantize.py --quick        # tiny model, seconds (the smoke test)
 """
 
@@ -200,30 +202,69 @@ def _reset_peak_rss() -> bool:
         return False
 
 
+def prepared_calibration(model, preset: str, seqs: Sequence[str], batch_size: int) -> Callable[[], object]:
+    """``calibrate`` of ``preset`` on ``model`` (prepared as pp.quantize prepares it), as a no-argument call."""
+    from ptq_protein.adapters import get_adapter
+    from ptq_protein.calibrate import calibrate
+    from ptq_protein.presets import resolve_config
+    from ptq_protein.sites import discover_sites, select_sites
+
+    adapter = get_adapter(model)
+    adapter.prepare(model)
+    cfg = resolve_config(preset)
+    sites = select_sites(discover_sites(model, adapter), cfg)  # as pp.quantize (every site static here)
+    specs = {s.name: cfg.activations for s in sites}
+    return lambda: calibrate(model, adapter, sites, specs, list(seqs), batch_size=batch_size)
+
+
+def bench_calibrate_only(model, seqs: Sequence[str], batch_size: int, reps: int) -> Dict[str, float]:
+    """Median seconds of ``calibrate`` alone per preset (no copy or search around it) and of FP forwards, interleaved."""
+    import copy
+
+    from ptq_protein.adapters import get_adapter
+
+    adapter = get_adapter(model)
+    batches = list(adapter.batches(list(seqs), batch_size))
+    jobs = {"fp": lambda: _fp_forwards(model, adapter, batches)}
+    jobs.update({p: prepared_calibration(copy.deepcopy(model), p, seqs, batch_size) for p in PRESETS})
+    for job in jobs.values():
+        job()  # warm-up
+    times: Dict[str, List[float]] = {name: [] for name in jobs}
+    names = list(jobs)
+    for rep in range(reps):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            times[name].append(_seconds(jobs[name]))
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def calibrate_only_rows(t: Dict[str, float]) -> List[list]:
+    rows = [["FP forwards (same batches)", t["fp"], "", "", ""]]
+    for p in PRESETS:
+        ratio = t[p] / t["fp"]
+        rows.append([p, t["fp"], t[p], f"{ratio:.2f}x", f"<= {GOAL_CALIBRATION}x: {_met(ratio, GOAL_CALIBRATION)}"])
+    return rows
+
+
 def memory_child(shape: ModelShape, preset: str, count: int, batch_size: int, threads: int) -> Dict[str, int]:
     """Calibrate ``count`` sequences on a fresh model; RSS before and peak RSS during calibration (KiB)."""
     import gc
     import resource
 
     from ptq_protein.adapters import get_adapter
-    from ptq_protein.calibrate import calibrate
-    from ptq_protein.presets import resolve_config
-    from ptq_protein.sites import discover_sites, select_sites
 
     torch.set_num_threads(threads)
     model, _ = build_esm2(shape)
-    adapter = get_adapter(model)
-    adapter.prepare(model)
-    cfg = resolve_config("w8a8-pwlq" if preset == "fp" else preset)
-    sites = select_sites(discover_sites(model, adapter), cfg)  # as pp.quantize (every site static here)
     seqs = random_sequences(count, shape.seq_len, seed=1)
+    if preset == "fp":  # the reference: the same batches through the float model, no hooks
+        adapter = get_adapter(model)
+        adapter.prepare(model)
+        run = lambda: _fp_forwards(model, adapter, list(adapter.batches(seqs, batch_size)))  # noqa: E731
+    else:
+        run = prepared_calibration(model, preset, seqs, batch_size)
     gc.collect()
     reset = _reset_peak_rss()
     before = _current_rss_kib()
-    if preset == "fp":  # the reference: the same batches through the float model, no hooks
-        _fp_forwards(model, adapter, list(adapter.batches(seqs, batch_size)))
-    else:
-        calibrate(model, adapter, sites, {s.name: cfg.activations for s in sites}, seqs, batch_size=batch_size)
+    run()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     return {"rss_before_kib": before, "peak_kib": peak, "peak_reset": reset}
 
@@ -330,6 +371,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"## Calibration ({len(seqs)} sequences, batch {args.batch_size})\n")
     print(markdown_table(["recipe", "FP s", "calibrate s", "rest of quantize s", "calibrate / FP", "goal"],
                          calibration_rows(cal)) + "\n")
+    alone = bench_calibrate_only(model, seqs, args.batch_size, args.reps)
+    print(f"## Calibration alone (`calibrate` on prepared copies, no pp.quantize around it; {len(seqs)} sequences, "
+          f"batch {args.batch_size})\n")
+    print(markdown_table(["recipe", "FP s", "calibrate s", "calibrate / FP", "goal"], calibrate_only_rows(alone)) + "\n")
     from ptq_protein.adapters import get_adapter
 
     batch = get_adapter(model).make_batch(random_sequences(args.batch_size, shape.seq_len, seed=2))

@@ -37,7 +37,8 @@ def test_bench_quantize_quick_prints_every_table(capsys):
     for preset in bench.PRESETS:
         (calib,) = [r for r in _table_rows(out, preset) if len(r) == 6]
         assert re.fullmatch(r"\d+\.\d\dx", calib[4]) and calib[5].startswith("<= 1.25x: ")
-        (fwd,) = [r for r in _table_rows(out, preset) if len(r) == 5]
+        alone, fwd = [r for r in _table_rows(out, preset) if len(r) == 5]  # calibration alone, then forward
+        assert re.fullmatch(r"\d+\.\d\dx", alone[3]) and alone[4].startswith("<= 1.25x: ")
         assert float(fwd[1]) > 0 and re.fullmatch(r"\d+\.\d\dx", fwd[2]) and float(fwd[3]) > 0
         (mem,) = [r for r in _table_rows(out, preset) if len(r) == 7]
         assert float(mem[1]) > 0 and float(mem[2]) > 0 and re.fullmatch(r"[+-]\d+\.\d%", mem[3])
