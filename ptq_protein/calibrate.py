@@ -218,7 +218,8 @@ def _observe(x: torch.Tensor, state: _MaskState, stats: SiteStats, channel_last:
     stats.calls += 1
     parts = _valid_values(x, state, stats, channel_last)
     stats.history = hash((before, next(state.observations)))
-    state.last = _Observation(x, _version(x), channel_last, before, stats) if _version(x) is not None else None
+    version = _version(x)
+    state.last = None if version is None else _Observation(x, version, channel_last, before, stats)
     parts = [p for p in parts if p.numel()]
     if not parts:
         return

@@ -38,7 +38,10 @@ def _batch_dim(dims: Sequence[int], batch: int, seq_sizes: set) -> Optional[tupl
 
 def _layout(shape: Sequence[int], token_mask: torch.Tensor, residue_mask: torch.Tensor,
             channel_last: bool) -> Optional[tuple]:
-    """``(batch dim, repeat, [(dim, seq mask [B*repeat, size])])``, or None when no layout matches."""
+    """``(batch dim, repeat, [(dim, seq mask [B, size])])``, or None when no layout matches.
+
+    ``repeat`` > 1 when heads are folded into the batch dimension (``b * repeat + h``).
+    """
     dims = list(shape[:-1] if channel_last else shape)
     batch = token_mask.shape[0]
     seq_sizes = {token_mask.shape[1], residue_mask.shape[1]}
@@ -50,7 +53,7 @@ def _layout(shape: Sequence[int], token_mask: torch.Tensor, residue_mask: torch.
     for i, size in enumerate(dims):
         seq = None if i == bdim else _seq_mask(size, token_mask, residue_mask)
         if seq is not None:
-            seqs.append((i, seq.repeat_interleave(repeat, dim=0) if repeat > 1 else seq))
+            seqs.append((i, seq))
     return (bdim, repeat, seqs) if seqs else None
 
 
@@ -81,9 +84,10 @@ def align_mask(shape: Sequence[int], token_mask: torch.Tensor, residue_mask: tor
     layout = _layout(shape, token_mask, residue_mask, channel_last)
     if layout is None:
         return None
-    bdim, _, seqs = layout
+    bdim, repeat, seqs = layout
     mask = torch.ones([1] * len(shape), dtype=torch.bool, device=token_mask.device)
     for i, seq in seqs:
+        seq = seq.repeat_interleave(repeat, dim=0) if repeat > 1 else seq
         view = [1] * len(shape)
         view[bdim] = seq.shape[0]
         view[i] = seq.shape[1]
@@ -123,7 +127,7 @@ def valid_boxes(shape: Sequence[int], token_mask: torch.Tensor, residue_mask: to
     if layout is None:
         return None
     bdim, repeat, seqs = layout
-    runs = {i: _runs(seq[::repeat]) for i, seq in seqs}  # the repeated rows are copies
+    runs = {i: _runs(seq) for i, seq in seqs}
     if any(r is None for r in runs.values()):
         return None
     boxes = []
