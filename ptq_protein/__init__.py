@@ -11,6 +11,8 @@ Attributes are imported lazily so that ``import ptq_protein`` (and the CLI's
 from importlib import import_module
 from typing import Any
 
+from ptq_protein import _compat
+
 __version__ = "0.1.0"
 
 _EXPORTS = {
@@ -28,11 +30,13 @@ _EXPORTS = {
     "get_preset": "ptq_protein.presets",
     "save": "ptq_protein.artifact",
     "load": "ptq_protein.artifact",
-    "compare_models": "ptq_protein.fidelity",
+    "compare_models": "ptq_protein.eval.bench.fidelity",
     "load_model": "ptq_protein.models.loading",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
+
+_compat.install()
 
 
 def __getattr__(name: str) -> Any:

@@ -17,16 +17,16 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 from torch import nn
 
-from ptq_protein.adapters import get_adapter
-from ptq_protein.calibrate import calibrate
+from ptq_protein.models.adapters import get_adapter
+from ptq_protein.calibration.calibrate import calibrate
 from ptq_protein.config import Backend, QuantConfig, SiteKind, TensorQuant
-from ptq_protein.convert import swap_modules_
+from ptq_protein.nn.convert import swap_modules_
 from ptq_protein.errors import InputError
-from ptq_protein.modules import ActQuantizer
+from ptq_protein.nn.modules import ActQuantizer
 from ptq_protein.presets import resolve_config
-from ptq_protein.qparams import activation_quantizer, needs_calibration
+from ptq_protein.nn.qparams import activation_quantizer, needs_calibration
 from ptq_protein.report import build_report
-from ptq_protein.sites import Site, discover_sites, select_sites
+from ptq_protein.calibration.sites import Site, discover_sites, select_sites
 
 __all__ = ["quantize", "QuantState", "CalibrationInfo", "resolve_calibration"]
 
@@ -80,7 +80,7 @@ def resolve_calibration(calibration: CalibrationArg) -> tuple:
 
             records = read_fasta(Path(text))
             return Path(text).name, [seq for _, seq in records]
-        from ptq_protein.sets import load_set
+        from ptq_protein.data.sets import load_set
 
         bench = load_set(text)
         return text, list(bench.sequences())

@@ -26,16 +26,16 @@ from torch import nn
 
 from ptq_protein import __version__
 from ptq_protein.api import CalibrationInfo, QuantState
-from ptq_protein.architecture import build_architecture, describe_architecture
+from ptq_protein.models.architecture import build_architecture, describe_architecture
 from ptq_protein.config import Backend, QuantConfig, SiteKind, TensorQuant
 from ptq_protein.errors import ArtifactError
 from ptq_protein.io_utils import atomic_dir
-from ptq_protein.modules import ActQuantizer, QuantInput, QuantLinear
+from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.kernels.packing import pack_int4, unpack_int4
 from ptq_protein.quant.codebook import PiecewiseCodebook
 from ptq_protein.report import report_markdown
-from ptq_protein.matmul_sites import QuantMatmulHost
-from ptq_protein.sites import Site, set_module
+from ptq_protein.calibration.matmul_sites import QuantMatmulHost
+from ptq_protein.calibration.sites import Site, set_module
 
 __all__ = ["save", "load", "ARTIFACT_FORMAT", "ARTIFACT_VERSION"]
 
@@ -190,7 +190,7 @@ def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = N
     if backend is not None:
         config = config.replace(backend=Backend(backend))
     model = build_architecture(recipe["architecture"])
-    from ptq_protein.adapters import get_adapter
+    from ptq_protein.models.adapters import get_adapter
 
     adapter = get_adapter(model)
     adapter.prepare(model)

@@ -1,76 +1,29 @@
 """Named recipes users pick with ``--preset`` / ``pp.quantize(model, "w8a8-pwlq")``.
 
-Every preset keeps embeddings, the LM head, contact regression and the
-distogram / pLDDT / pTM heads in floating point (``quantize_heads=False``).
+The recipes live in :mod:`ptq_protein.recipes`, one file per family (ours, the
+study's, the baselines); this module merges them into one registry. Every preset
+keeps embeddings, the LM head, contact regression and the distogram / pLDDT / pTM
+heads in floating point (``quantize_heads=False``).
 """
 
 from __future__ import annotations
 
 from typing import Dict, Union
 
-from ptq_protein.config import (
-    BreakpointMethod,
-    Granularity,
-    QuantConfig,
-    RangeMethod,
-    Scheme,
-    SiteKind,
-    TensorQuant,
-)
+from ptq_protein.config import QuantConfig
+from ptq_protein.recipes import ours
 
 __all__ = ["PRESETS", "PRESET_DOCS", "get_preset", "resolve_config", "preset_for_bits"]
 
+_FAMILIES = (ours,)
 
-def _weights(bits: int) -> TensorQuant:
-    return TensorQuant(bits=bits, granularity=Granularity.PER_CHANNEL, symmetric=True)
-
-
-def _uniform_acts(bits: int) -> TensorQuant:
-    # The study's baseline: static per-tensor symmetric, range from the top-k median clipping.
-    return TensorQuant(bits=bits, scheme=Scheme.UNIFORM, symmetric=True, range_method=RangeMethod.TOPK)
-
-
-def _pwlq_acts(bits: int) -> TensorQuant:
-    # Asymmetric PWLQ: negative and positive sides get their own range and breakpoint,
-    # which is what the one-sided pre-LayerNorm outliers need. Breakpoints (and the
-    # centre/tail code split) come from an MSE search on the calibration histogram over
-    # the observed range: the tail pieces carry the outliers, so nothing is clipped.
-    return TensorQuant(bits=bits, scheme=Scheme.PWLQ, symmetric=False, range_method=RangeMethod.MINMAX,
-                       breakpoint_method=BreakpointMethod.MSE)
-
-
-_LINEAR_LN = (SiteKind.LINEAR, SiteKind.LAYERNORM)
-
-PRESETS: Dict[str, QuantConfig] = {
-    "fp": QuantConfig(weights=None, activations=None, kinds=(), name="fp"),
-    "w8a8-uniform": QuantConfig(weights=_weights(8), activations=_uniform_acts(8), kinds=_LINEAR_LN, name="w8a8-uniform"),
-    "w8a8-pwlq": QuantConfig(weights=_weights(8), activations=_pwlq_acts(8), kinds=_LINEAR_LN, name="w8a8-pwlq"),
-    "a8-uniform": QuantConfig(weights=None, activations=_uniform_acts(8), kinds=_LINEAR_LN, name="a8-uniform"),
-    "a8-pwlq": QuantConfig(weights=None, activations=_pwlq_acts(8), kinds=_LINEAR_LN, name="a8-pwlq"),
-    "w8-only": QuantConfig(weights=_weights(8), activations=None, kinds=(SiteKind.LINEAR,), name="w8-only"),
-    "w4-only": QuantConfig(weights=_weights(4), activations=None, kinds=(SiteKind.LINEAR,), name="w4-only"),
-    "w4a8-pwlq": QuantConfig(weights=_weights(4), activations=_pwlq_acts(8), kinds=_LINEAR_LN, name="w4a8-pwlq"),
-    "w6a6-pwlq": QuantConfig(weights=_weights(6), activations=_pwlq_acts(6), kinds=_LINEAR_LN, name="w6a6-pwlq"),
-    "w8a8-pwlq-all": QuantConfig(weights=_weights(8), activations=_pwlq_acts(8),
-                                 kinds=_LINEAR_LN + (SiteKind.MATMUL,), name="w8a8-pwlq-all"),
-    "w8a8-dynamic": QuantConfig(weights=_weights(8),
-                                activations=TensorQuant(bits=8, granularity=Granularity.PER_TOKEN, dynamic=True),
-                                kinds=(SiteKind.LINEAR,), name="w8a8-dynamic"),
-}
-
-PRESET_DOCS: Dict[str, str] = {
-    "fp": "no quantization (the full-precision reference)",
-    "w8a8-uniform": "W8 per-channel + static per-tensor symmetric uniform A8 on Linear and LayerNorm inputs (the study's baseline)",
-    "w8a8-pwlq": "W8 per-channel + static piecewise-linear A8 on Linear and LayerNorm inputs (the study's method)",
-    "a8-uniform": "uniform A8 only, weights in floating point (the study's activation-only baseline)",
-    "a8-pwlq": "piecewise-linear A8 only, weights in floating point",
-    "w8-only": "W8 per-channel weights only, activations in floating point",
-    "w4-only": "W4 per-channel weights only",
-    "w4a8-pwlq": "W4 per-channel + piecewise-linear A8",
-    "w6a6-pwlq": "W6 per-channel + piecewise-linear A6",
-    "w8a8-pwlq-all": "w8a8-pwlq plus the attention score/probability matmuls and the trunk's triangle einsums",
-    "w8a8-dynamic": "W8 per-channel + dynamic per-token symmetric A8 on Linear inputs (no calibration needed)",
-}
+PRESETS: Dict[str, QuantConfig] = {}
+PRESET_DOCS: Dict[str, str] = {}
+for _family in _FAMILIES:
+    assert not set(_family.PRESETS) & set(PRESETS), f"{_family.__name__} redefines a preset"
+    assert set(_family.PRESETS) == set(_family.DOCS), f"{_family.__name__}: every preset needs one doc line"
+    PRESETS.update(_family.PRESETS)
+    PRESET_DOCS.update(_family.DOCS)
 
 
 def get_preset(name: str) -> QuantConfig:

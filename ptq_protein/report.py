@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from ptq_protein.config import QuantConfig, SiteKind
-from ptq_protein.modules import ActQuantizer, QuantInput, QuantLinear
-from ptq_protein.sites import Site
+from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
+from ptq_protein.calibration.sites import Site
 
 __all__ = ["build_report", "report_markdown", "sqnr_db", "asymmetry"]
 

@@ -96,7 +96,7 @@ def _output_tensors(output) -> Dict[str, torch.Tensor]:
 
 def identical_outputs(qmodel, loaded, batch) -> Tuple[bool, List[str]]:
     """Whether every output tensor of ``loaded`` equals ``qmodel``'s bit for bit; the names compared."""
-    from ptq_protein.adapters import get_adapter
+    from ptq_protein.models.adapters import get_adapter
 
     adapter = get_adapter(qmodel)
     with torch.no_grad():
@@ -110,7 +110,7 @@ def identical_outputs(qmodel, loaded, batch) -> Tuple[bool, List[str]]:
 def bench_model(label: str, model, seqs: Sequence[str], presets: Sequence[str], workdir: Path) -> List[list]:
     """One table row per preset for ``model``."""
     import ptq_protein as pp
-    from ptq_protein.adapters import get_adapter
+    from ptq_protein.models.adapters import get_adapter
 
     fp32 = fp32_safetensors_bytes(model, workdir)
     params = sum(p.numel() for p in model.parameters())

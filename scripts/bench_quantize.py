@@ -149,7 +149,7 @@ def _quantize_timed(model, preset: str, seqs: Sequence[str], batch_size: int) ->
 
 def bench_calibration(model, seqs: Sequence[str], batch_size: int, reps: int) -> tuple:
     """Interleaved rounds of FP forwards and quantize per preset; (medians dict, qmodels)."""
-    from ptq_protein.adapters import get_adapter
+    from ptq_protein.models.adapters import get_adapter
 
     adapter = get_adapter(model)
     batches = list(adapter.batches(list(seqs), batch_size))
@@ -204,10 +204,10 @@ def _reset_peak_rss() -> bool:
 
 def prepared_calibration(model, preset: str, seqs: Sequence[str], batch_size: int) -> Callable[[], object]:
     """``calibrate`` of ``preset`` on ``model`` (prepared as pp.quantize prepares it), as a no-argument call."""
-    from ptq_protein.adapters import get_adapter
-    from ptq_protein.calibrate import calibrate
+    from ptq_protein.models.adapters import get_adapter
+    from ptq_protein.calibration.calibrate import calibrate
     from ptq_protein.presets import resolve_config
-    from ptq_protein.sites import discover_sites, select_sites
+    from ptq_protein.calibration.sites import discover_sites, select_sites
 
     adapter = get_adapter(model)
     adapter.prepare(model)
@@ -221,7 +221,7 @@ def bench_calibrate_only(model, seqs: Sequence[str], batch_size: int, reps: int)
     """Median seconds of ``calibrate`` alone per preset (no copy or search around it) and of FP forwards, interleaved."""
     import copy
 
-    from ptq_protein.adapters import get_adapter
+    from ptq_protein.models.adapters import get_adapter
 
     adapter = get_adapter(model)
     batches = list(adapter.batches(list(seqs), batch_size))
@@ -250,7 +250,7 @@ def memory_child(shape: ModelShape, preset: str, count: int, batch_size: int, th
     import gc
     import resource
 
-    from ptq_protein.adapters import get_adapter
+    from ptq_protein.models.adapters import get_adapter
 
     torch.set_num_threads(threads)
     model, _ = build_esm2(shape)
@@ -358,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         preset, count = args.memory_child
         print(json.dumps(memory_child(shape, preset, int(count), args.batch_size, args.threads)))
         return 0
-    from ptq_protein import fused
+    from ptq_protein.nn import fused
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -375,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"## Calibration alone (`calibrate` on prepared copies, no pp.quantize around it; {len(seqs)} sequences, "
           f"batch {args.batch_size})\n")
     print(markdown_table(["recipe", "FP s", "calibrate s", "calibrate / FP", "goal"], calibrate_only_rows(alone)) + "\n")
-    from ptq_protein.adapters import get_adapter
+    from ptq_protein.models.adapters import get_adapter
 
     batch = get_adapter(model).make_batch(random_sequences(args.batch_size, shape.seq_len, seed=2))
     fwd = bench_forward(model, qmodels, batch.inputs["tokens"], max(args.reps, 3 if args.quick else 7))

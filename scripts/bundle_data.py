@@ -9,7 +9,7 @@ Usage::
 
 The output is byte-for-byte reproducible: gzip members carry no file name and
 mtime 0, files are listed in sorted order, the manifest is sorted JSON.
-Natives are paired with sequences by id (``ptq_protein.sets.match_natives``),
+Natives are paired with sequences by id (``ptq_protein.data.sets.match_natives``),
 and for sets declared ``numbering="sequence"`` every native residue number is
 checked against the FASTA letter at that position; a mismatch stops the build.
 """
@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 from ptq_protein.data import MANIFEST_NAME, MANIFEST_VERSION, sha256_bytes  # noqa: E402
 from ptq_protein.fasta import read_fasta_records  # noqa: E402
 from ptq_protein.io_utils import atomic_dir, atomic_write_text  # noqa: E402
-from ptq_protein.sets import BUNDLED_SETS, match_natives  # noqa: E402
+from ptq_protein.data.sets import BUNDLED_SETS, match_natives  # noqa: E402
 
 _GZIP_LEVEL = 9
 _FILE_MODE, _DIR_MODE = 0o644, 0o755
@@ -91,7 +91,7 @@ def main(argv: List[str] = None) -> int:
 
 def build(source: Path) -> Tuple[Dict[str, bytes], Dict[str, Any]]:
     """Return ({relative path: bytes}, manifest dict) for every set in :data:`SETS`."""
-    assert tuple(SETS) == BUNDLED_SETS, "SETS and ptq_protein.sets.BUNDLED_SETS must list the same sets"
+    assert tuple(SETS) == BUNDLED_SETS, "SETS and ptq_protein.data.sets.BUNDLED_SETS must list the same sets"
     files: Dict[str, bytes] = {}
     provenance: Dict[str, Tuple[str, bytes]] = {}
     sets = {}

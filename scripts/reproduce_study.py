@@ -63,7 +63,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def mean_tm_scores(results_csv: Path, recipes: Sequence[str]) -> Dict[str, tuple]:
     """{recipe: (mean TM-score, targets scored)} over the scored rows of ``results_csv``."""
-    from ptq_protein.eval_summary import MetricSpec, summarize
+    from ptq_protein.eval.bench.summary import MetricSpec, summarize
 
     with open(results_csv, newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))

@@ -15,11 +15,11 @@ import pytest
 
 from ptq_protein.eval.structure import load_structure
 from ptq_protein.eval.tmscore import tm_score
-from ptq_protein.eval_runner import RunOptions, normalize_recipes
-from ptq_protein.eval_structure import STRUCTURE_COLUMNS, evaluate_structure
-from ptq_protein.eval_summary import MetricSpec, bootstrap_mean_ci, summarize
-from ptq_protein.results_store import ResultsStore, check_run_info
-from ptq_protein.sets import load_set
+from ptq_protein.eval.bench.runner import RunOptions, normalize_recipes
+from ptq_protein.eval.bench.structure_task import STRUCTURE_COLUMNS, evaluate_structure
+from ptq_protein.eval.bench.summary import MetricSpec, bootstrap_mean_ci, summarize
+from ptq_protein.eval.bench.results_store import ResultsStore, check_run_info
+from ptq_protein.data.sets import load_set
 
 # (id in our FASTA, bundled cameo139 source target, residues kept); FASTA order != file-name order.
 PIECES = (("T3", "7ER0_A", 44), ("T1", "7EQH_A", 30), ("T2", "7F0A_A", 37))
@@ -82,7 +82,7 @@ def test_rows_are_keyed_by_target_not_by_file_order(tmp_path, tiny_esmfold, user
 
 
 def test_resume_neither_redoes_nor_duplicates(tmp_path, tiny_esmfold, user_set, monkeypatch):
-    import ptq_protein.folding as folding
+    import ptq_protein.eval.bench.folding as folding
 
     real, calls = folding.fold_one, []
 
@@ -141,7 +141,7 @@ def test_target_without_native_scored_only_against_fp(tmp_path, tiny_esmfold, us
 
 def test_contacts_agree_between_fair_esm_and_transformers():
     """tiny-esm2 and tiny-esm2-hf hold the same weights: two implementations, one contact map."""
-    from ptq_protein.eval_contacts import predict_contacts
+    from ptq_protein.eval.bench.contacts_task import predict_contacts
     from ptq_protein.models.loading import load_model
 
     fair, hf = load_model("tiny-esm2").model, load_model("tiny-esm2-hf").model

@@ -63,8 +63,8 @@ def _add_common(p: argparse.ArgumentParser, default_recipes: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ptq_protein.adapters import ESM2_MAX_RESIDUES
-    from ptq_protein.eval_runner import RunOptions, normalize_recipes
+    from ptq_protein.models.adapters import ESM2_MAX_RESIDUES
+    from ptq_protein.eval.bench.runner import RunOptions, normalize_recipes
 
     recipes = normalize_recipes(args.recipes)  # validate before loading anything heavy
     bench = _select(args)
@@ -80,16 +80,16 @@ def run(args: argparse.Namespace) -> int:
                 "num_recycles": args.num_recycles, "dtype": args.dtype, "seed": args.seed}
     note = TINY_NOTE if str(loaded.source).startswith("tiny:") else ""
     if args.eval_kind == "structure":
-        from ptq_protein.eval_structure import evaluate_structure as evaluate
+        from ptq_protein.eval.bench.structure_task import evaluate_structure as evaluate
     else:
-        from ptq_protein.eval_contacts import evaluate_contacts as evaluate
+        from ptq_protein.eval.bench.contacts_task import evaluate_contacts as evaluate
     result = evaluate(loaded.model, bench, recipes, Path(args.out), options, run_info=run_info, note=note)
     _report(args, result)
     return 0
 
 
 def _select(args: argparse.Namespace):
-    from ptq_protein.sets import load_set
+    from ptq_protein.data.sets import load_set
 
     bench = load_set(args.set_spec)
     if args.targets:
@@ -101,7 +101,7 @@ def _select(args: argparse.Namespace):
 
 def _set_identity(spec: str) -> str:
     """The set spec without its limit, so ``--limit``/``:N`` can grow a resumed run."""
-    from ptq_protein.sets import parse_set_spec
+    from ptq_protein.data.sets import parse_set_spec
 
     parsed = parse_set_spec(spec)
     return parsed.name or f"{parsed.fasta}:{parsed.natives or ''}"

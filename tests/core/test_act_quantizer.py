@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from ptq_protein.config import Scheme, TensorQuant
-from ptq_protein.modules import ActQuantizer
+from ptq_protein.nn.modules import ActQuantizer
 from ptq_protein.quant.pwlq import asymmetric_pwlq, pwlq_from_breakpoints, symmetric_pwlq
 
 

@@ -5,9 +5,9 @@ import logging
 import pytest
 import torch
 
-from ptq_protein import fused
+from ptq_protein.nn import fused
 from ptq_protein.config import Scheme, TensorQuant
-from ptq_protein.modules import ActQuantizer
+from ptq_protein.nn.modules import ActQuantizer
 from ptq_protein.quant.codebook import codebook_step_function, pwlq_fake_quantize
 from ptq_protein.quant.pwlq import asymmetric_pwlq, pwlq_from_breakpoints
 
@@ -133,7 +133,7 @@ def test_compile_failure_warns_once_and_falls_back(fused_mode, monkeypatch, capl
     cb = CODEBOOKS[0]
     q = ActQuantizer(TensorQuant(bits=8, scheme=Scheme.PWLQ, symmetric=False), codebook=cb)
     x = _hard_values(cb, torch.float32)
-    with caplog.at_level(logging.WARNING, logger="ptq_protein.fused"):
+    with caplog.at_level(logging.WARNING, logger="ptq_protein.nn.fused"):
         first, second = q(x), q(x)
     assert _same(first, pwlq_fake_quantize(x, cb)) and _same(second, first)
     warnings = [r.getMessage() for r in caplog.records]

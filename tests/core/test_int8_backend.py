@@ -4,10 +4,10 @@ import pytest
 import torch
 
 import ptq_protein as pp
-from ptq_protein.adapters import get_adapter
-from ptq_protein.fidelity import relative_error
-from ptq_protein.int_exec import first_accumulators
-from ptq_protein.modules import QuantLinear
+from ptq_protein.models.adapters import get_adapter
+from ptq_protein.eval.bench.fidelity import relative_error
+from ptq_protein.nn.int_exec import first_accumulators
+from ptq_protein.nn.modules import QuantLinear
 
 
 def _codes_by_site(model, run):

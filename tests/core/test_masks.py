@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ptq_protein.masks import align_mask, valid_boxes
+from ptq_protein.calibration.masks import align_mask, valid_boxes
 
 B, T, L, C, H = 3, 9, 7, 5, 2
 

@@ -8,7 +8,7 @@ import pytest
 
 from ptq_protein import data as bundle
 from ptq_protein.errors import ArtifactError, InputError
-from ptq_protein.sets import (BUNDLED_SETS, BenchmarkSet, Numbering, SetSpec, Target, load_set, match_natives,
+from ptq_protein.data.sets import (BUNDLED_SETS, BenchmarkSet, Numbering, SetSpec, Target, load_set, match_natives,
                               parse_set_spec, read_structure_text)
 
 THREE_TO_ONE = {"ALA": "A", "ARG": "R", "ASN": "N", "ASP": "D", "CYS": "C", "GLN": "Q", "GLU": "E", "GLY": "G",
@@ -144,7 +144,7 @@ def _user_set(tmp_path):
 
 def test_user_natives_match_by_id(tmp_path, caplog):
     fasta, natives = _user_set(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="ptq_protein.sets"):
+    with caplog.at_level(logging.WARNING, logger="ptq_protein.data.sets"):
         mine = load_set(f"{fasta}:{natives}")
     paths = {t.id: t.native_path.name if t.native_path else None for t in mine}
     assert paths == {"7EQH_A": "7eqh.pdb", "t2": "T2.pdb.gz", "7skh.B": "7skh.B.pdb", "lonely": None}

@@ -1,10 +1,13 @@
-"""From statistics to quantizer parameters (the step between calibration and module swap).
+"""From statistics to quantizer parameters: the pure math between calibration and module swap.
 
 * weights: per-channel / per-tensor uniform codes, or a PWLQ codebook;
-* activations: a calibrated :class:`ActQuantizer` from a site's statistics
-  (range by min-max / top-k median / percentile / MSE; PWLQ breakpoints by the
-  Gaussian / Laplacian optimality condition, the paper's closed-form fits, or an
-  MSE search on the calibration histogram), or a dynamic one.
+* activations: a site's range from its statistics (min-max / top-k median /
+  percentile / MSE) and PWLQ codebooks with breakpoints by the Gaussian /
+  Laplacian optimality condition, the paper's closed-form fits, or an MSE search
+  on the calibration histogram.
+
+Imports only the config and the rest of :mod:`ptq_protein.quant`, so both the
+calibration stage and the quantized modules can use it.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from ptq_protein.config import BreakpointMethod, Granularity, RangeMethod, Scheme, TensorQuant
-from ptq_protein.modules import ActQuantizer
 from ptq_protein.quant import breakpoints as bp
 from ptq_protein.quant.breakpoint_search import search_pwlq
 from ptq_protein.quant.histogram import HistogramObserver
@@ -23,7 +25,7 @@ from ptq_protein.quant.codebook import PiecewiseCodebook, pwlq_quantize
 from ptq_protein.quant.pwlq import asymmetric_pwlq, symmetric_pwlq
 from ptq_protein.quant.uniform import choose_qparams, per_channel_minmax, quantize
 
-__all__ = ["needs_calibration", "quantize_weight", "activation_quantizer", "pwlq_codebook_for_values",
+__all__ = ["needs_calibration", "quantize_weight", "pwlq_codebook_for_values", "pwlq_from_range",
            "calibrated_range"]
 
 # Smallest side magnitude relative to the other side, so a one-sided range still
@@ -91,7 +93,7 @@ def calibrated_range(stats, spec: TensorQuant) -> Tuple[torch.Tensor, torch.Tens
     return torch.as_tensor(result.lo), torch.as_tensor(result.hi)
 
 
-def _pwlq_from_range(lo: float, hi: float, std: float, spec: TensorQuant, histogram=None) -> PiecewiseCodebook:
+def pwlq_from_range(lo: float, hi: float, std: float, spec: TensorQuant, histogram=None) -> PiecewiseCodebook:
     """PWLQ codebook for the range [lo, hi] with breakpoints by ``spec.breakpoint_method``."""
     m_neg, m_pos = max(-lo, 0.0), max(hi, 0.0)
     m = max(m_neg, m_pos)
@@ -136,18 +138,4 @@ def pwlq_codebook_for_values(values: torch.Tensor, spec: TensorQuant) -> Piecewi
     if spec.breakpoint_method is BreakpointMethod.MSE:
         hist = HistogramObserver()
         hist.update(finite)
-    return _pwlq_from_range(lo, hi, std, spec, hist)
-
-
-def activation_quantizer(spec: TensorQuant, stats=None) -> ActQuantizer:
-    """The quantizer of one activation site: calibrated from ``stats`` when static."""
-    if not needs_calibration(spec):
-        return ActQuantizer(spec)
-    lo, hi = calibrated_range(stats, spec)
-    if spec.scheme is Scheme.PWLQ:
-        cb = _pwlq_from_range(float(lo.min()), float(hi.max()), float(stats.moments.std()), spec, stats.histogram)
-        return ActQuantizer(spec, codebook=cb)
-    scale, zp = choose_qparams(lo.reshape(-1), hi.reshape(-1), spec.bits, spec.symmetric)
-    if scale.numel() == 1:
-        scale, zp = scale.reshape(()), zp.reshape(())
-    return ActQuantizer(spec, scale=scale, zero_point=zp)
+    return pwlq_from_range(lo, hi, std, spec, hist)

@@ -19,8 +19,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from ptq_protein.config import Backend, Granularity, Scheme, TensorQuant
-from ptq_protein.fused import fused_call, padded_regions, piecewise_fake, uniform_fake
+from ptq_protein.nn.fused import fused_call, padded_regions, piecewise_fake, uniform_fake
 from ptq_protein.quant.codebook import PiecewiseCodebook, pwlq_dequantize, pwlq_quantize
+from ptq_protein.quant.fit import pwlq_codebook_for_values
 from ptq_protein.quant.uniform import choose_qparams, dequantize, dynamic_per_token, qrange, quantize
 
 __all__ = ["ActQuantizer", "QuantLinear", "QuantInput"]
@@ -70,8 +71,6 @@ class ActQuantizer(nn.Module):
         return not self.spec.dynamic
 
     def _dynamic_codebook(self, x: torch.Tensor) -> PiecewiseCodebook:
-        from ptq_protein.qparams import pwlq_codebook_for_values
-
         return pwlq_codebook_for_values(x.detach().reshape(-1), self.spec)
 
     def encode(self, x: torch.Tensor):
@@ -117,7 +116,7 @@ class ActQuantizer(nn.Module):
         The codes are small integers, so computing them and their decoded values
         in float32 (without the integer round trip and NaN bookkeeping) is exact;
         NaN propagates through round/clamp by itself. Large tensors go through one
-        fused compiled loop (:mod:`ptq_protein.fused`), small ones run eagerly.
+        fused compiled loop (:mod:`ptq_protein.nn.fused`), small ones run eagerly.
         """
         xf = x if x.dtype == torch.float64 else x.to(torch.float32)
         if self.spec.scheme is Scheme.PWLQ:
@@ -221,7 +220,7 @@ class QuantLinear(nn.Module):
     # -- forward ---------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend is Backend.INT8 and self.input_quant is not None and self.weight_spec is not None:
-            from ptq_protein.int_exec import int_linear
+            from ptq_protein.nn.int_exec import int_linear
 
             return int_linear(self, x)
         if self.input_quant is not None:

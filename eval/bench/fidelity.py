@@ -13,7 +13,7 @@ from typing import Any, Dict, Sequence
 import torch
 from torch import nn
 
-from ptq_protein.adapters import ModelAdapter, get_adapter
+from ptq_protein.models.adapters import ModelAdapter, get_adapter
 
 __all__ = ["relative_error", "compare_models", "main_output"]
 

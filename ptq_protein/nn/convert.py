@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 from ptq_protein.config import QuantConfig, SiteKind
-from ptq_protein.modules import ActQuantizer, QuantInput, QuantLinear
-from ptq_protein.qparams import quantize_weight
-from ptq_protein.matmul_sites import QuantMatmulHost
-from ptq_protein.sites import Site, set_module
+from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
+from ptq_protein.nn.qparams import quantize_weight
+from ptq_protein.calibration.matmul_sites import QuantMatmulHost
+from ptq_protein.calibration.sites import Site, set_module
 
 __all__ = ["swap_modules_", "set_module"]
 

@@ -22,11 +22,11 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 from torch import nn
 
-from ptq_protein.eval_runner import FP_RECIPE, RunOptions, normalize_recipes, prediction_path, run_recipes
-from ptq_protein.eval_summary import MetricSpec, write_outputs
+from ptq_protein.eval.bench.runner import FP_RECIPE, RunOptions, normalize_recipes, prediction_path, run_recipes
+from ptq_protein.eval.bench.summary import MetricSpec, write_outputs
 from ptq_protein.io_utils import atomic_write_text
-from ptq_protein.results_store import ResultsStore, check_run_info
-from ptq_protein.sets import BenchmarkSet, Numbering, Target
+from ptq_protein.eval.bench.results_store import ResultsStore, check_run_info
+from ptq_protein.data.sets import BenchmarkSet, Numbering, Target
 
 __all__ = ["STRUCTURE_COLUMNS", "STRUCTURE_METRICS", "evaluate_structure", "score_prediction"]
 
@@ -64,7 +64,7 @@ def evaluate_structure(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[
     -------
     dict with ``results``, ``summary``, ``plot`` paths and ``counts`` (ok/skipped/error/resumed).
     """
-    from ptq_protein.folding import require_esmfold
+    from ptq_protein.eval.bench.folding import require_esmfold
 
     require_esmfold(model)
     out_dir = Path(out_dir)
@@ -101,7 +101,7 @@ def score_prediction(pdb_text: str, native: Any, numbering: Union[str, Numbering
 
 def _fold_and_score(model: nn.Module, bench: BenchmarkSet, target: Target, recipe: str, out_dir: Path,
                     num_recycles: Optional[int]) -> Dict[str, Any]:
-    from ptq_protein.folding import fold_one
+    from ptq_protein.eval.bench.folding import fold_one
 
     pdb_text, plddt, ca = fold_one(model, target.sequence, num_recycles)
     path = prediction_path(out_dir, "pdb", recipe, target.id, ".pdb")

@@ -25,7 +25,7 @@ def require_esmfold(model: nn.Module) -> None:
 @torch.no_grad()
 def fold_one(model: nn.Module, sequence: str, num_recycles: Optional[int] = None) -> Tuple[str, float, torch.Tensor]:
     """(PDB text with pLDDT 0-100 in the B-factors, mean pLDDT, CA coordinates [L, 3])."""
-    from ptq_protein.adapters import HFEsmFoldAdapter
+    from ptq_protein.models.adapters import HFEsmFoldAdapter
 
     adapter = HFEsmFoldAdapter(model)
     output = adapter.forward(model, adapter.make_batch([sequence]), num_recycles=num_recycles)

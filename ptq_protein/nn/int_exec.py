@@ -1,4 +1,4 @@
-"""Integer execution of a :class:`~ptq_protein.modules.QuantLinear` (``backend="int8"``).
+"""Integer execution of a :class:`~ptq_protein.nn.modules.QuantLinear` (``backend="int8"``).
 
 The activation codes come from the same quantizer the fake backend uses, so
 both backends share one set of parameters; the GEMM then runs on integers:

@@ -3,7 +3,7 @@
 For each recipe (``fp`` first): skip it entirely when every target already has
 a done row; otherwise quantize the float model once (calibrating on the
 calibration set) and evaluate each pending target, saving its row as soon as
-it is finished (:class:`~ptq_protein.results_store.ResultsStore`). Targets
+it is finished (:class:`~ptq_protein.eval.bench.results_store.ResultsStore`). Targets
 longer than the length cap get a ``skipped: length N > cap M`` row instead of
 failing the run; a target whose evaluation raises a ``RuntimeError`` or
 ``ValueError`` (out of memory, an unreadable native) gets an ``error: ...`` row,
@@ -20,9 +20,9 @@ from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, T
 
 from torch import nn
 
-from ptq_protein.adapters import ESM2_MAX_RESIDUES
-from ptq_protein.results_store import STATUS_OK, ResultsStore
-from ptq_protein.sets import BenchmarkSet, Target
+from ptq_protein.models.adapters import ESM2_MAX_RESIDUES
+from ptq_protein.eval.bench.results_store import STATUS_OK, ResultsStore
+from ptq_protein.data.sets import BenchmarkSet, Target
 
 __all__ = ["FP_RECIPE", "RunOptions", "normalize_recipes", "run_recipes", "length_status", "prediction_path"]
 
@@ -140,7 +140,7 @@ def _quantized(model: nn.Module, recipe: str, options: RunOptions) -> nn.Module:
     import ptq_protein as pp
 
     from ptq_protein.presets import resolve_config
-    from ptq_protein.qparams import needs_calibration
+    from ptq_protein.nn.qparams import needs_calibration
 
     calibrated = needs_calibration(resolve_config(recipe).activations)
     start = time.perf_counter()

@@ -24,11 +24,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ptq_protein.eval_runner import FP_RECIPE, RunOptions, normalize_recipes, prediction_path, run_recipes
-from ptq_protein.eval_summary import MetricSpec, write_outputs
+from ptq_protein.eval.bench.runner import FP_RECIPE, RunOptions, normalize_recipes, prediction_path, run_recipes
+from ptq_protein.eval.bench.summary import MetricSpec, write_outputs
 from ptq_protein.io_utils import atomic_write_bytes
-from ptq_protein.results_store import ResultsStore, check_run_info
-from ptq_protein.sets import BenchmarkSet, Numbering, Target
+from ptq_protein.eval.bench.results_store import ResultsStore, check_run_info
+from ptq_protein.data.sets import BenchmarkSet, Numbering, Target
 
 __all__ = ["CONTACT_COLUMNS", "CONTACT_METRICS", "evaluate_contacts", "predict_contacts"]
 
@@ -56,13 +56,13 @@ def evaluate_contacts(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[s
     ----------
     model : fair-esm ``ESM2`` or transformers ``EsmForMaskedLM`` / ``EsmModel`` (float; never modified).
     bench, recipes, out_dir, options, run_info, note : as in
-        :func:`ptq_protein.eval_structure.evaluate_structure`.
+        :func:`ptq_protein.eval.bench.structure_task.evaluate_structure`.
 
     Returns
     -------
     dict with ``results``, ``summary``, ``plot`` paths and ``counts``.
     """
-    from ptq_protein.adapters import get_adapter
+    from ptq_protein.models.adapters import get_adapter
 
     _check_family(get_adapter(model).family)
     out_dir = Path(out_dir)
@@ -86,7 +86,7 @@ def predict_contacts(model: nn.Module, sequence: str) -> np.ndarray:
     fair-esm: ``model(tokens, return_contacts=True)["contacts"]``; transformers:
     ``model.predict_contacts(input_ids, attention_mask)``. Both drop BOS/EOS.
     """
-    from ptq_protein.adapters import get_adapter
+    from ptq_protein.models.adapters import get_adapter
 
     adapter = get_adapter(model)
     _check_family(adapter.family)

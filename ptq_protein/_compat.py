@@ -1,0 +1,65 @@
+"""Old import paths (before the stage folders) as deprecated aliases of the new modules.
+
+``import ptq_protein.modules`` still works in old notebooks: it warns once with a
+``DeprecationWarning`` naming the new path and hands back the very same module
+object, so state (and ``isinstance`` checks) are shared. To be removed in 0.3.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+
+__all__ = ["MOVED", "install"]
+
+MOVED = {
+    "ptq_protein.adapters": "ptq_protein.models.adapters",
+    "ptq_protein.architecture": "ptq_protein.models.architecture",
+    "ptq_protein.calibrate": "ptq_protein.calibration.calibrate",
+    "ptq_protein.convert": "ptq_protein.nn.convert",
+    "ptq_protein.eval_contacts": "ptq_protein.eval.bench.contacts_task",
+    "ptq_protein.eval_runner": "ptq_protein.eval.bench.runner",
+    "ptq_protein.eval_structure": "ptq_protein.eval.bench.structure_task",
+    "ptq_protein.eval_summary": "ptq_protein.eval.bench.summary",
+    "ptq_protein.fidelity": "ptq_protein.eval.bench.fidelity",
+    "ptq_protein.folding": "ptq_protein.eval.bench.folding",
+    "ptq_protein.fused": "ptq_protein.nn.fused",
+    "ptq_protein.int_exec": "ptq_protein.nn.int_exec",
+    "ptq_protein.masks": "ptq_protein.calibration.masks",
+    "ptq_protein.matmul_sites": "ptq_protein.calibration.matmul_sites",
+    "ptq_protein.modules": "ptq_protein.nn.modules",
+    "ptq_protein.qparams": "ptq_protein.nn.qparams",
+    "ptq_protein.results_store": "ptq_protein.eval.bench.results_store",
+    "ptq_protein.sets": "ptq_protein.data.sets",
+    "ptq_protein.sites": "ptq_protein.calibration.sites",
+}
+
+
+class _AliasLoader(importlib.abc.Loader):
+    def __init__(self, new: str):
+        self.new = new
+
+    def create_module(self, spec):
+        warnings.warn(f"{spec.name} moved to {self.new}; the old path will be removed in ptq-protein 0.3",
+                      DeprecationWarning, stacklevel=3)
+        return importlib.import_module(self.new)
+
+    def exec_module(self, module) -> None:  # the target module is already executed
+        return None
+
+
+class _AliasFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):
+        new = MOVED.get(fullname)
+        if new is None:
+            return None
+        return importlib.util.spec_from_loader(fullname, _AliasLoader(new))
+
+
+def install() -> None:
+    """Register the alias finder once (called by ``ptq_protein/__init__``)."""
+    if not any(isinstance(f, _AliasFinder) for f in sys.meta_path):
+        sys.meta_path.append(_AliasFinder())

@@ -1,0 +1,73 @@
+"""ptq-protein's own recipes: uniform and piecewise-linear, weights and activations.
+
+Each family of recipes is one file in this folder exporting ``PRESETS`` (name ->
+QuantConfig) and ``DOCS`` (name -> one line); :mod:`ptq_protein.presets` merges them.
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+from ptq_protein.config import (
+    BreakpointMethod,
+    Granularity,
+    QuantConfig,
+    RangeMethod,
+    Scheme,
+    SiteKind,
+    TensorQuant,
+)
+
+__all__ = ["PRESETS", "DOCS"]
+
+
+def _weights(bits: int) -> TensorQuant:
+    return TensorQuant(bits=bits, granularity=Granularity.PER_CHANNEL, symmetric=True)
+
+
+def _uniform_acts(bits: int) -> TensorQuant:
+    # The study's baseline: static per-tensor symmetric, range from the top-k median clipping.
+    return TensorQuant(bits=bits, scheme=Scheme.UNIFORM, symmetric=True, range_method=RangeMethod.TOPK)
+
+
+def _pwlq_acts(bits: int) -> TensorQuant:
+    # Asymmetric PWLQ: negative and positive sides get their own range and breakpoint,
+    # which is what the one-sided pre-LayerNorm outliers need. Breakpoints (and the
+    # centre/tail code split) come from an MSE search on the calibration histogram over
+    # the observed range: the tail pieces carry the outliers, so nothing is clipped.
+    return TensorQuant(bits=bits, scheme=Scheme.PWLQ, symmetric=False, range_method=RangeMethod.MINMAX,
+                       breakpoint_method=BreakpointMethod.MSE)
+
+
+_LINEAR_LN = (SiteKind.LINEAR, SiteKind.LAYERNORM)
+
+PRESETS: Dict[str, QuantConfig] = {
+    "fp": QuantConfig(weights=None, activations=None, kinds=(), name="fp"),
+    "w8a8-uniform": QuantConfig(weights=_weights(8), activations=_uniform_acts(8), kinds=_LINEAR_LN, name="w8a8-uniform"),
+    "w8a8-pwlq": QuantConfig(weights=_weights(8), activations=_pwlq_acts(8), kinds=_LINEAR_LN, name="w8a8-pwlq"),
+    "a8-uniform": QuantConfig(weights=None, activations=_uniform_acts(8), kinds=_LINEAR_LN, name="a8-uniform"),
+    "a8-pwlq": QuantConfig(weights=None, activations=_pwlq_acts(8), kinds=_LINEAR_LN, name="a8-pwlq"),
+    "w8-only": QuantConfig(weights=_weights(8), activations=None, kinds=(SiteKind.LINEAR,), name="w8-only"),
+    "w4-only": QuantConfig(weights=_weights(4), activations=None, kinds=(SiteKind.LINEAR,), name="w4-only"),
+    "w4a8-pwlq": QuantConfig(weights=_weights(4), activations=_pwlq_acts(8), kinds=_LINEAR_LN, name="w4a8-pwlq"),
+    "w6a6-pwlq": QuantConfig(weights=_weights(6), activations=_pwlq_acts(6), kinds=_LINEAR_LN, name="w6a6-pwlq"),
+    "w8a8-pwlq-all": QuantConfig(weights=_weights(8), activations=_pwlq_acts(8),
+                                 kinds=_LINEAR_LN + (SiteKind.MATMUL,), name="w8a8-pwlq-all"),
+    "w8a8-dynamic": QuantConfig(weights=_weights(8),
+                                activations=TensorQuant(bits=8, granularity=Granularity.PER_TOKEN, dynamic=True),
+                                kinds=(SiteKind.LINEAR,), name="w8a8-dynamic"),
+}
+
+DOCS: Dict[str, str] = {
+    "fp": "no quantization (the full-precision reference)",
+    "w8a8-uniform": "W8 per-channel + static per-tensor symmetric uniform A8 on Linear and LayerNorm inputs (the study's baseline)",
+    "w8a8-pwlq": "W8 per-channel + static piecewise-linear A8 on Linear and LayerNorm inputs (the study's method)",
+    "a8-uniform": "uniform A8 only, weights in floating point (the study's activation-only baseline)",
+    "a8-pwlq": "piecewise-linear A8 only, weights in floating point",
+    "w8-only": "W8 per-channel weights only, activations in floating point",
+    "w4-only": "W4 per-channel weights only",
+    "w4a8-pwlq": "W4 per-channel + piecewise-linear A8",
+    "w6a6-pwlq": "W6 per-channel + piecewise-linear A6",
+    "w8a8-pwlq-all": "w8a8-pwlq plus the attention score/probability matmuls and the trunk's triangle einsums",
+    "w8a8-dynamic": "W8 per-channel + dynamic per-token symmetric A8 on Linear inputs (no calibration needed)",
+}

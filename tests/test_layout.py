@@ -1,0 +1,152 @@
+"""The package's import graph: no circle, and the layers import only downward.
+
+Reads every module's imports as text (``ast``), including the ones inside
+functions, so a lazy import cannot hide a circle.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import warnings
+from pathlib import Path
+from typing import Dict, Set
+
+import pytest
+
+import ptq_protein
+from ptq_protein import _compat
+
+ROOTS = {  # installed package name -> source folder
+    "ptq_protein": Path(ptq_protein.__file__).parent,
+}
+
+
+def _source_root(pkg: str) -> Path:
+    return Path(importlib.import_module(pkg).__file__).parent
+
+
+def _modules() -> Dict[str, Path]:
+    found: Dict[str, Path] = {}
+    for pkg in ("ptq_protein", "ptq_protein.kernels", "ptq_protein.eval"):
+        root = _source_root(pkg)
+        for path in root.rglob("*.py"):
+            rel = path.relative_to(root).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            name = ".".join([pkg, *parts])
+            if pkg == "ptq_protein" and parts[:1] in (["kernels"], ["eval"]):
+                continue  # not in this folder in a source checkout; installed trees are covered by their own root
+            found[name] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> Set[str]:
+    """Names of ptq_protein modules that ``name`` imports (resolved to a module that exists)."""
+    out: Set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            subs = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in MODULES]
+            # `from pkg import submodule` needs the submodule; `from pkg import name` needs pkg itself
+            targets = subs if len(subs) == len(node.names) else [node.module] + subs
+        for t in targets:
+            # a module's own ancestor packages are imported before it by Python itself: not an edge
+            if t.startswith("ptq_protein") and t in MODULES and t != name and not name.startswith(t + "."):
+                out.add(t)
+    return out
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def test_every_module_found():
+    assert "ptq_protein.nn.modules" in GRAPH and "ptq_protein.eval.bench.runner" in GRAPH
+    assert "ptq_protein.kernels.int8_gemm" in GRAPH and "ptq_protein.eval.tmscore" in GRAPH
+
+
+def test_no_import_circle():
+    # Depth-first search for a back edge; a package importing its own submodule is an edge like any other.
+    state: Dict[str, int] = {}
+    stack: list = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(GRAPH[node]):
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt):] + [nxt]
+                pytest.fail("import circle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(GRAPH):
+        if node not in state:
+            visit(node)
+
+
+# layer -> prefixes it must never import
+FORBIDDEN = {
+    "ptq_protein.quant": ("ptq_protein.calibration", "ptq_protein.nn", "ptq_protein.models", "ptq_protein.api",
+                          "ptq_protein.artifact", "ptq_protein.cli", "ptq_protein.eval", "ptq_protein.data"),
+    "ptq_protein.models": ("ptq_protein.calibration", "ptq_protein.nn", "ptq_protein.api", "ptq_protein.artifact",
+                           "ptq_protein.cli", "ptq_protein.eval.bench"),
+    "ptq_protein.calibration": ("ptq_protein.nn", "ptq_protein.api", "ptq_protein.artifact", "ptq_protein.cli",
+                                "ptq_protein.eval"),
+    "ptq_protein.nn": ("ptq_protein.api", "ptq_protein.artifact", "ptq_protein.cli", "ptq_protein.eval"),
+    "ptq_protein.kernels": ("ptq_protein.calibration", "ptq_protein.nn", "ptq_protein.models", "ptq_protein.api",
+                            "ptq_protein.cli", "ptq_protein.eval", "ptq_protein.quant"),
+    "ptq_protein.eval": ("ptq_protein.calibration", "ptq_protein.nn", "ptq_protein.models", "ptq_protein.quant",
+                         "ptq_protein.api", "ptq_protein.artifact", "ptq_protein.cli", "ptq_protein.kernels"),
+}
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_layer_imports_only_downward(layer):
+    bad = []
+    for name, deps in GRAPH.items():
+        if not (name == layer or name.startswith(layer + ".")):
+            continue
+        if layer == "ptq_protein.eval" and name.startswith("ptq_protein.eval.bench"):
+            continue  # benchmark runs sit above the metrics: they build quantized models on purpose
+        bad += [f"{name} imports {d}" for d in deps if d.startswith(FORBIDDEN[layer])]
+    assert not bad, "; ".join(bad)
+
+
+def test_only_the_cli_prints():
+    offenders = []
+    for name, path in MODULES.items():
+        if name.startswith("ptq_protein.cli"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print":
+                offenders.append(f"{name}:{node.lineno}")
+    assert not offenders, offenders
+
+
+def test_no_file_over_400_lines():
+    long = {n: len(p.read_text().splitlines()) for n, p in MODULES.items()}
+    assert not {n: k for n, k in long.items() if k > 400}
+
+
+@pytest.mark.parametrize("old", sorted(_compat.MOVED))
+def test_old_paths_alias_the_new_modules_with_a_warning(old):
+    import sys
+    sys.modules.pop(old, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(_compat.MOVED[old])
+    assert any(issubclass(w.category, DeprecationWarning) and _compat.MOVED[old] in str(w.message) for w in caught)
+    sys.modules.pop(old, None)  # keep the alias out of later tests
+
+
+def test_public_names_resolve():
+    for name in ptq_protein.__all__:
+        assert getattr(ptq_protein, name) is not None
