@@ -60,6 +60,33 @@ def test_optimal_score_matches_biopython(aligner):
         assert np.all(np.diff(aln.index_a) > 0) and np.all(np.diff(aln.index_b) > 0)
 
 
+def _gotoh_score(a: str, b: str, gap_open: int = 11, gap_extend: int = 1) -> int:
+    """Best global score with free end gaps: an independent float-free O(n*m) Gotoh in plain Python."""
+    from Bio.Align import substitution_matrices
+
+    m = substitution_matrices.load("BLOSUM62")
+    neg = -10 ** 9
+    n, k = len(a), len(b)
+    h = [[0] * (k + 1) for _ in range(n + 1)]  # zero borders: leading gaps are free
+    e = [[neg] * (k + 1) for _ in range(n + 1)]
+    f = [[neg] * (k + 1) for _ in range(n + 1)]
+    for i in range(1, n + 1):
+        for j in range(1, k + 1):
+            e[i][j] = max(h[i - 1][j] - gap_open, e[i - 1][j] - gap_extend)
+            f[i][j] = max(h[i][j - 1] - gap_open, f[i][j - 1] - gap_extend)
+            h[i][j] = max(h[i - 1][j - 1] + int(m[a[i - 1], b[j - 1]]), e[i][j], f[i][j])
+    return max(max(h[n]), max(row[k] for row in h))  # trailing gaps are free
+
+
+def test_optimal_score_matches_an_independent_gotoh():
+    rng = np.random.default_rng(7)
+    for trial in range(40):
+        a = "".join(rng.choice(AMINO, int(rng.integers(1, 25))))
+        b = _mutate(a, rng, int(rng.integers(0, 6))) if trial % 2 else "".join(rng.choice(AMINO, int(rng.integers(1, 25))))
+        aln = global_align(a, b)
+        assert aln.score == _gotoh_score(a, b) == _path_score(a, b, aln.index_a, aln.index_b), (a, b)
+
+
 def test_native_fragment_with_a_deletion_aligns_exactly():
     rng = np.random.default_rng(1)
     full = "".join(rng.choice(AMINO, 200))
