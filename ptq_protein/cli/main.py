@@ -27,8 +27,15 @@ _COMMAND_MODULES = (
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (no usage block first), exit code 2; sub-parsers inherit the class."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {' '.join(message.split())} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ptq-protein",
         description="Post-training quantization of ESM-2 / ESMFold, and structure evaluators.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
