@@ -278,8 +278,7 @@ def _parse(text: str, source: str, is_cif: bool):
 
 
 def _check_repeated_residues(text: str, source: str) -> None:
-    """Refuse a residue number used by two residues of a chain (Biopython would drop one silently): the
-    number reappears after another residue, or an atom repeats. First model only; altlocs are allowed."""
+    """Refuse a residue number used twice in a chain (Biopython drops one silently); first model, altlocs ok."""
     seen, last, atoms = set(), None, set()
     for number, line in enumerate(text.splitlines(), 1):
         if line.startswith("ENDMDL"):
