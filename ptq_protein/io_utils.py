@@ -69,6 +69,7 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temp file in the same folder, then rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_temps(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
