@@ -85,7 +85,8 @@ def contact_precision(pred: Any, native: Any, sequence: Optional[str] = None, *,
     -------
     dict
         ``{local,short,medium,long}_{P@L,P@L2,P@L5,AUC}``; separations
-        local [3, 6), short [6, 12), medium [12, 24), long >= 24.
+        local [3, 6), short [6, 12), medium [12, 24), long >= 24. A range with no
+        native contact gives NaN (undefined), never 0.0.
 
     Examples
     --------
@@ -114,6 +115,8 @@ def contact_precision(pred: Any, native: Any, sequence: Optional[str] = None, *,
 
 
 def _range_precisions(name: str, scores: np.ndarray, truth: np.ndarray, length: int) -> dict:
+    if not (truth == 1).any():  # no native contact in this range: precision is undefined, not 0
+        return {f"{name}_{k}": float("nan") for k in ("P@L", "P@L2", "P@L5", "AUC")}
     order = np.argsort(-scores, kind="stable")
     hits = np.concatenate([[0], np.cumsum(truth[order] == 1)])
     precisions = []

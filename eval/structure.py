@@ -266,6 +266,8 @@ def _parse(text: str, source: str, is_cif: bool):
     from Bio.PDB import MMCIFParser, PDBParser
 
     parser = MMCIFParser(QUIET=True) if is_cif else PDBParser(QUIET=True, PERMISSIVE=True)
+    if not is_cif:
+        _check_repeated_residues(text, source)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -273,6 +275,26 @@ def _parse(text: str, source: str, is_cif: bool):
     except Exception as err:  # Biopython raises a variety of types for malformed files
         kind = "mmCIF" if is_cif else "PDB"
         raise InputError(f"{source}: could not parse as {kind}: {type(err).__name__}: {err}") from err
+
+
+def _check_repeated_residues(text: str, source: str) -> None:
+    """Refuse a residue number used twice in a chain (Biopython drops one silently); first model, altlocs ok."""
+    seen, last, atoms = set(), None, set()
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith("ENDMDL"):
+            break
+        if not line.startswith("ATOM") or len(line) < 27:
+            continue
+        key, atom = (line[21], line[22:27]), (line[12:16], line[16])
+        if key != last:
+            repeat, last, atoms = key in seen, key, set()
+            seen.add(key)
+        else:
+            repeat = atom in atoms
+        if repeat:
+            raise InputError(f"{source}: residue {key[1].strip()} of chain {key[0]!r} appears twice (line {number}); "
+                             "renumber the repeat so no residue is dropped")
+        atoms.add(atom)
 
 
 def _protein_residues(chain) -> list:

@@ -125,9 +125,12 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     """
     cfg = resolve_config(config)
     if backend is not None:
+        if backend not in {b.value for b in Backend}:
+            raise InputError(f"unknown backend {backend!r}; choose one of {', '.join(b.value for b in Backend)}")
         cfg = cfg.replace(backend=Backend(backend))
     _check_backend(cfg)
     adapter = get_adapter(model)
+    _check_run_options(adapter, calib_max_length, num_recycles)
     qmodel = model if inplace else copy.deepcopy(model)
     adapter.prepare(qmodel)
     all_sites = discover_sites(qmodel, adapter)
@@ -170,6 +173,16 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     histograms = {name: st.histogram.support() for name, st in stats.items() if st.count}
     qmodel.ptq_state = QuantState(cfg, adapter.family, chosen, done, calib_info, report, fp_sites, histograms)
     return qmodel
+
+
+def _check_run_options(adapter, calib_max_length: Optional[int], num_recycles: Optional[int]) -> None:
+    """Refuse options that would otherwise be ignored or misread (a negative crop left every site FP)."""
+    for name, value, low in (("calib_max_length", calib_max_length, 1), ("num_recycles", num_recycles, 0)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+            raise InputError(f"{name}={value!r} must be None or an integer >= {low}")
+    if num_recycles is not None and adapter.family != "hf-esmfold":
+        raise InputError(f"num_recycles={num_recycles} only applies to ESMFold; this is a {adapter.family} model: "
+                         "drop it")
 
 
 def _crop(seq: str, max_length: Optional[int]) -> str:

@@ -9,13 +9,16 @@ Layout of an artifact folder::
                         checksum, calibration set and sha256, versions, tensor-file checksum
     report.json / .md   per-site statistics
 
-Saving is atomic (temp folder, then rename); loading verifies the tensor file's
-size and sha256 before reading it.
+Saving is atomic (temp folder, then rename; an existing folder is replaced only
+with ``force`` and only when it is an artifact). Loading verifies everything
+before building the model: the tensor file's size and sha256, and that every
+field of ``recipe.json`` equals the copy sealed in the tensor file's header
+(:mod:`ptq_protein.artifact_seal`), so an edited scale, bit width or backend is
+refused with the field's name. Version-1 artifacts (no seal) are refused: re-quantize.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import platform
 from pathlib import Path
@@ -28,8 +31,10 @@ from ptq_protein import __version__
 from ptq_protein.api import CalibrationInfo, QuantState
 from ptq_protein.models.architecture import build_architecture, describe_architecture
 from ptq_protein.config import Backend, QuantConfig, SiteKind, TensorQuant
+from ptq_protein.artifact_seal import (SEAL_KEY, canonical_json, check_files_entry, check_recipe_object,
+                                      check_sealed, file_sha256)
 from ptq_protein.errors import ArtifactError
-from ptq_protein.io_utils import atomic_dir
+from ptq_protein.io_utils import atomic_dir, check_out_path
 from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.kernels.packing import pack_int4, unpack_int4
 from ptq_protein.quant.codebook import PiecewiseCodebook
@@ -37,19 +42,25 @@ from ptq_protein.report import report_markdown
 from ptq_protein.calibration.matmul_sites import QuantMatmulHost
 from ptq_protein.calibration.sites import Site, set_module
 
-__all__ = ["save", "load", "ARTIFACT_FORMAT", "ARTIFACT_VERSION"]
+__all__ = ["save", "load", "is_artifact_dir", "check_artifact_out", "ARTIFACT_FORMAT", "ARTIFACT_VERSION"]
 
 ARTIFACT_FORMAT = "ptq-protein-artifact"
-ARTIFACT_VERSION = 1
+ARTIFACT_VERSION = 2  # 2: recipe sealed in the tensor file's header; 1 had no seal
 TENSORS, RECIPE, REPORT_JSON, REPORT_MD = "model.safetensors", "recipe.json", "report.json", "report.md"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def is_artifact_dir(path: Union[str, Path]) -> bool:
+    """True for a folder whose recipe.json says it is a ptq-protein artifact (any version): what --force may replace."""
+    try:
+        recipe = json.loads((Path(path) / RECIPE).read_text())
+    except (OSError, ValueError):
+        return False
+    return Path(path).is_dir() and isinstance(recipe, dict) and recipe.get("format") == ARTIFACT_FORMAT
+
+
+def check_artifact_out(path: Union[str, Path], force: bool = False) -> None:
+    """Refuse an artifact destination that cannot be written, or may not be replaced, before quantizing."""
+    check_out_path(path, force=force, replaceable=is_artifact_dir, what="ptq-protein artifact folder")
 
 
 def _versions() -> Dict[str, str]:
@@ -115,8 +126,9 @@ def save(qmodel: nn.Module, path: Union[str, Path], *, force: bool = False,
     path = Path(path)
     sites = {s.name: e for s in state.sites if (e := _site_entry(qmodel, s)) is not None}
     tensors, aliases = _tensor_dict(qmodel, sites)
-    with atomic_dir(path, force=force) as tmp:
-        save_file(tensors, str(tmp / TENSORS), metadata={"format": ARTIFACT_FORMAT})
+    with atomic_dir(path, force=force, replaceable=is_artifact_dir, what="ptq-protein artifact folder") as tmp:
+        (tmp / REPORT_JSON).write_text(json.dumps(state.report, indent=2, default=str))
+        (tmp / REPORT_MD).write_text(report_markdown(state.report, title=f"{state.config.name} per-site report"))
         recipe = {
             "format": ARTIFACT_FORMAT, "format_version": ARTIFACT_VERSION,
             "config": state.config.to_dict(), "family": state.family,
@@ -125,11 +137,12 @@ def save(qmodel: nn.Module, path: Union[str, Path], *, force: bool = False,
             "calibration": None if state.calibration is None else state.calibration.to_dict(),
             "sites": sites, "site_list": [s.to_dict() for s in state.sites], "fp_sites": state.fp_sites,
             "aliases": aliases, "versions": _versions(),
-            "files": {TENSORS: {"sha256": _sha256(tmp / TENSORS), "bytes": (tmp / TENSORS).stat().st_size}},
+            "reports": {name: file_sha256(tmp / name) for name in (REPORT_JSON, REPORT_MD)},
         }
+        recipe = json.loads(json.dumps(recipe))  # exactly what recipe.json will hold (tuples -> lists)
+        save_file(tensors, str(tmp / TENSORS), metadata={"format": ARTIFACT_FORMAT, SEAL_KEY: canonical_json(recipe)})
+        recipe["files"] = {TENSORS: {"sha256": file_sha256(tmp / TENSORS), "bytes": (tmp / TENSORS).stat().st_size}}
         (tmp / RECIPE).write_text(json.dumps(recipe, indent=2, sort_keys=True))
-        (tmp / REPORT_JSON).write_text(json.dumps(state.report, indent=2, default=str))
-        (tmp / REPORT_MD).write_text(report_markdown(state.report, title=f"{state.config.name} per-site report"))
     return path
 
 
@@ -140,26 +153,47 @@ def _read_recipe(path: Path) -> Dict[str, Any]:
         recipe = json.loads((path / RECIPE).read_text())
     except FileNotFoundError as err:
         raise ArtifactError(f"{path} has no {RECIPE}: not a ptq-protein artifact, or an incomplete copy") from err
-    except json.JSONDecodeError as err:
-        raise ArtifactError(f"{path / RECIPE} is not valid JSON ({err.msg}); the artifact is corrupt: re-run quantize") from err
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ArtifactError(f"{path / RECIPE} is not valid JSON ({getattr(err, 'msg', err)}); the artifact is corrupt: "
+                            "re-run quantize") from err
+    check_recipe_object(recipe, path / RECIPE)
     if recipe.get("format") != ARTIFACT_FORMAT:
-        raise ArtifactError(f"{path / RECIPE} is not a ptq-protein recipe")
-    if recipe.get("format_version") != ARTIFACT_VERSION:
-        raise ArtifactError(f"artifact format version {recipe.get('format_version')} is not supported by this release "
-                            f"(expects {ARTIFACT_VERSION}); re-run quantize")
+        raise ArtifactError(f"{path / RECIPE} field format is {recipe.get('format')!r}, not {ARTIFACT_FORMAT!r}: "
+                            "not a ptq-protein recipe")
+    version = recipe.get("format_version")
+    if version == 1:
+        raise ArtifactError(f"{path} is a format-1 artifact: its recipe.json is not sealed, so its quantizer "
+                            "parameters cannot be verified; re-run quantize with this release to make a verifiable one")
+    if version != ARTIFACT_VERSION:
+        raise ArtifactError(f"{path / RECIPE} field format_version is {version!r}; this release reads "
+                            f"{ARTIFACT_VERSION}: re-run quantize")
     return recipe
 
 
-def _verify_tensors(path: Path, recipe: Dict[str, Any]) -> None:
-    expected = recipe.get("files", {}).get(TENSORS, {})
+def _verify(path: Path, recipe: Dict[str, Any]) -> None:
+    """Tensor file size and sha256, recipe body against its sealed copy, report checksums."""
+    from safetensors import safe_open
+
+    expected = check_files_entry(recipe, TENSORS, path / RECIPE)
     file = path / TENSORS
     if not file.exists():
         raise ArtifactError(f"{file} is missing; the artifact is incomplete: re-run quantize")
-    if file.stat().st_size != expected.get("bytes"):
-        raise ArtifactError(f"{file} has {file.stat().st_size} bytes but the recipe records {expected.get('bytes')}: "
-                            "the file is truncated or was replaced; re-run quantize")
-    if _sha256(file) != expected.get("sha256"):
-        raise ArtifactError(f"{file} does not match the sha256 in {RECIPE}: the artifact was modified or corrupted; re-run quantize")
+    if file.stat().st_size != expected["bytes"]:
+        raise ArtifactError(f"{file} has {file.stat().st_size} bytes but {RECIPE} field files/{TENSORS}/bytes records "
+                            f"{expected['bytes']}: the file is truncated or was replaced; re-run quantize")
+    if file_sha256(file) != expected["sha256"]:
+        raise ArtifactError(f"{file} does not match {RECIPE} field files/{TENSORS}/sha256: the artifact was modified "
+                            "or corrupted; re-run quantize")
+    try:
+        with safe_open(str(file), framework="pt") as handle:
+            sealed = (handle.metadata() or {}).get(SEAL_KEY)
+    except Exception as err:  # safetensors raises its own error types for malformed headers
+        raise ArtifactError(f"{file} could not be read ({err}); re-run quantize") from err
+    check_sealed(recipe, sealed, path / RECIPE, file)
+    for name, sha in recipe["reports"].items():
+        if not (path / name).is_file() or file_sha256(path / name) != sha:
+            raise ArtifactError(f"{path / name} is missing or differs from {RECIPE} field reports/{name}: the artifact "
+                                "was modified; re-run quantize (or restore the file)")
 
 
 def _linear_shell(name: str, entry: Dict[str, Any], tensors: Dict[str, torch.Tensor], backend: Backend) -> QuantLinear:
@@ -180,8 +214,11 @@ def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = N
     from safetensors.torch import load_file
 
     path = Path(path)
+    _check_device(device)
+    if backend is not None and backend not in {b.value for b in Backend}:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(b.value for b in Backend)}")
     recipe = _read_recipe(path)
-    _verify_tensors(path, recipe)
+    _verify(path, recipe)
     try:
         tensors = load_file(str(path / TENSORS))
     except Exception as err:  # safetensors raises its own error types for malformed files
@@ -215,3 +252,16 @@ def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = N
                                  None if calib is None else CalibrationInfo(**calib), report, recipe.get("fp_sites", []))
     model.ptq_recipe = recipe
     return model.eval().to(device)
+
+
+def _check_device(device: Any) -> None:
+    """Refuse a device this machine cannot use before reading anything (one line, not a CUDA traceback)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device {device!r} is not a torch device; use 'cpu' or 'cuda[:N]'") from err
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if dev.index is not None and dev.index >= count or count == 0:
+            raise ValueError(f"device {device!r} is not available here ({count} CUDA device(s) visible); "
+                             "use device='cpu'")

@@ -5,7 +5,7 @@ input; the CLI maps :class:`InputError` and friends to exit code 2 and any
 other failure to exit code 1.
 """
 
-__all__ = ["InputError", "MissingWeightsError", "ArtifactError"]
+__all__ = ["InputError", "MissingWeightsError", "ArtifactError", "BusyError"]
 
 
 class InputError(ValueError):
@@ -18,3 +18,7 @@ class MissingWeightsError(InputError, FileNotFoundError):
 
 class ArtifactError(InputError):
     """A saved artifact is missing files, truncated or tampered with."""
+
+
+class BusyError(InputError):
+    """An output folder or file is locked by another running process; the message names the holder."""

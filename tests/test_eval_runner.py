@@ -234,8 +234,9 @@ def test_cli_contacts_writes_every_output(tmp_path, user_set):
     assert code == 0
     rows = _rows(out / "results.csv")
     assert len(rows) == 6 and all(r["status"] == "ok" for r in rows)
-    for r in rows:
-        assert 0.0 <= float(r["long_P@L"]) <= 1.0
+    for r in rows:  # an empty cell: no native long-range contact in this short fragment (undefined, not 0.0)
+        assert r["long_P@L"] == "" or 0.0 <= float(r["long_P@L"]) <= 1.0
+        assert 0.0 <= float(r["local_P@L"]) <= 1.0  # i, i+3..5 contacts exist in any fold
         assert (out / r["contacts"]).exists()
     assert all(float(r["mae_vs_fp"]) == 0.0 for r in rows if r["recipe"] == "fp")
     assert "long-range P@L" in (out / "summary.md").read_text()

@@ -24,10 +24,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ptq_protein.eval.bench.runner import FP_RECIPE, RunOptions, normalize_recipes, prediction_path, run_recipes
+from ptq_protein.eval.bench.runner import (FP_RECIPE, RunOptions, normalize_recipes, open_run, prediction_path,
+                                           run_recipes)
 from ptq_protein.eval.bench.summary import MetricSpec, write_outputs
 from ptq_protein.io_utils import atomic_write_bytes
-from ptq_protein.eval.bench.results_store import ResultsStore, check_run_info
+from ptq_protein.eval.bench.results_store import ResultsStore
 from ptq_protein.data.sets import BenchmarkSet, Numbering, Target
 
 __all__ = ["CONTACT_COLUMNS", "CONTACT_METRICS", "evaluate_contacts", "predict_contacts"]
@@ -66,10 +67,12 @@ def evaluate_contacts(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[s
 
     _check_family(get_adapter(model).family)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    check_run_info(out_dir, {"command": "eval contacts", **(run_info or {})})
-    store = ResultsStore(out_dir / "results.csv", CONTACT_COLUMNS)
+    with open_run(out_dir, {"command": "eval contacts", **(run_info or {})}, CONTACT_COLUMNS) as store:
+        return _run(model, bench, recipes, out_dir, store, options, note)
 
+
+def _run(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[str], out_dir: Path, store: ResultsStore,
+         options: RunOptions, note: str) -> Dict[str, Any]:
     def evaluate(recipe: str, qmodel: nn.Module, target: Target) -> Dict[str, Any]:
         return _predict_and_score(qmodel, bench, target, recipe, out_dir)
 

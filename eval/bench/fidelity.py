@@ -44,6 +44,10 @@ def compare_models(fp_model: nn.Module, q_model: nn.Module, sequences: Sequence[
                    adapter: ModelAdapter = None) -> Dict[str, float]:
     """Mean fidelity metrics over ``sequences`` (one at a time, so no padding is involved)."""
     adapter = adapter or get_adapter(fp_model)
+    if isinstance(sequences, str) or not sequences:
+        raise TypeError("compare_models takes a non-empty list of sequences, not "
+                        f"{'one string' if isinstance(sequences, str) else 'an empty list'}: pass [sequence]")
+    sequences = adapter.validate(list(sequences), where="comparison")
     rel, agree, ca_rmsd, tm, dplddt = [], [], [], [], []
     for seq in sequences:
         batch = adapter.make_batch([seq])

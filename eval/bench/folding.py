@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Dict, Iterable, Optional, Sequence, Tuple
@@ -9,7 +10,7 @@ from typing import Dict, Iterable, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ptq_protein.io_utils import atomic_write_text
+from ptq_protein.io_utils import atomic_write_text, check_out_path, folder_lock, safe_stem
 
 __all__ = ["fold_one", "fold_to_pdbs", "require_esmfold"]
 
@@ -39,23 +40,57 @@ def fold_one(model: nn.Module, sequence: str, num_recycles: Optional[int] = None
 
 
 def fold_to_pdbs(model: nn.Module, records: Sequence[Tuple[str, str]], out_dir: Path,
-                 num_recycles: Optional[int] = None, progress: bool = False) -> Dict[str, float]:
-    """Fold each (id, sequence), write ``out_dir/<id>.pdb`` atomically; returns mean pLDDT per id."""
+                 num_recycles: Optional[int] = None, progress: bool = False,
+                 force: bool = False) -> Dict[str, Tuple[float, Path]]:
+    """Fold each (id, sequence), write one PDB each atomically; returns {id: (mean pLDDT, path written)}.
+
+    File names come from :func:`~ptq_protein.io_utils.safe_stem` (``a/b`` and ``a_b``
+    get different files); ``out_dir/fold_index.json`` records id -> file. Existing PDBs
+    are refused before anything is folded, unless ``force`` and the index of an earlier
+    fold in this folder lists them (``force`` never replaces a file this tool did not write).
+    """
     require_esmfold(model)
     out_dir = Path(out_dir)
+    check_out_path(out_dir / INDEX_NAME, force=True, what="folder")  # a usable folder, not under a file
+    index_path = out_dir / INDEX_NAME
+    index = _read_index(index_path)
+    paths = {seq_id: out_dir / f"{safe_stem(seq_id)}.pdb" for seq_id, _ in records}
+    clash = [p for p in paths.values() if p.exists() and not (force and p.name in index.values())]
+    if clash:
+        hint = "choose a new --out folder" + ("" if force else ", or pass --force to replace PDBs an earlier fold wrote")
+        raise FileExistsError(f"{clash[0]} already exists ({len(clash)} PDB file(s) in the way); {hint}")
     out_dir.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out_dir):  # one fold per folder at a time: the index is read-modify-write
+        return _fold_all(model, records, paths, index, index_path, num_recycles, progress)
+
+
+def _fold_all(model: nn.Module, records: Sequence[Tuple[str, str]], paths: Dict[str, Path], index: Dict[str, str],
+              index_path: Path, num_recycles: Optional[int], progress: bool) -> Dict[str, Tuple[float, Path]]:
     items: Iterable = records
     if progress:
         from tqdm.auto import tqdm
 
         items = tqdm(records, desc="folding", unit="seq")
-    plddts = {}
+    written = {}
     for seq_id, seq in items:
         pdb, plddt, _ = fold_one(model, seq, num_recycles)
-        atomic_write_text(out_dir / f"{_safe_name(seq_id)}.pdb", pdb)
-        plddts[seq_id] = plddt
-    return plddts
+        index[seq_id] = paths[seq_id].name
+        atomic_write_text(index_path, json.dumps(index, indent=2, sort_keys=True) + "\n")  # before the PDB: always ours
+        atomic_write_text(paths[seq_id], pdb)
+        written[seq_id] = (plddt, paths[seq_id])
+    return written
 
 
-def _safe_name(seq_id: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in seq_id) or "sequence"
+INDEX_NAME = "fold_index.json"
+
+
+def _read_index(path: Path) -> Dict[str, str]:
+    if not path.exists():
+        return {}
+    try:
+        index = json.loads(path.read_text())
+    except (ValueError, OSError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); move it away or choose a new --out folder") from err
+    if not isinstance(index, dict) or not all(isinstance(v, str) for v in index.values()):
+        raise ValueError(f"{path} is not a fold index (id -> file name); move it away or choose a new --out folder")
+    return index

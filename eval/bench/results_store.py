@@ -15,6 +15,27 @@ duplicates. A row whose ``status`` is ``ok`` or starts with ``skipped`` is
 A ``run.json`` beside the table records what produced it (model, sets,
 calibration, options); resuming with different settings is refused, because
 mixing rows from two protocols in one table would silently corrupt the summary.
+A run that failed before scoring anything may be rerun with other settings
+(its ``run.json`` is replaced, with a warning).
+
+Validation on open: a row with missing or extra cells (a truncated line), an
+unknown status, an empty key or a non-numeric metric in an ``ok`` row is
+dropped with a warning (it is rerun); repeated keys keep one copy when they are
+identical and are all dropped (rerun) when they disagree. The repaired table is
+written back, so nothing is ever counted twice.
+
+Several processes, one table (API for multi-process runs)::
+
+    store = ResultsStore(out / "results.csv", COLUMNS)   # any number of processes
+    store.put(row)       # lock results.csv.lock, re-read the file, merge the row by key, rewrite atomically
+    store.refresh()      # re-read rows other processes added
+
+``put`` holds ``results.csv.lock`` (:func:`ptq_protein.io_utils.file_lock`,
+blocking, released by the kernel if the process dies) only for the
+read-merge-write, so every row of every writer survives. One *run* per folder
+is enforced separately by :func:`ptq_protein.io_utils.folder_lock`, which the
+eval tasks hold for their whole run (a coordinator of several ranks takes it
+once and lets its ranks ``put`` rows).
 """
 
 from __future__ import annotations
@@ -27,7 +48,7 @@ import math
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
-from ptq_protein.io_utils import atomic_write_text
+from ptq_protein.io_utils import atomic_write_text, file_lock
 
 __all__ = ["KEY_COLUMNS", "STATUS_OK", "ResultsStore", "check_run_info", "is_done"]
 
@@ -36,6 +57,8 @@ logger = logging.getLogger(__name__)
 KEY_COLUMNS = ("target", "recipe")
 STATUS_OK = "ok"
 _DONE_PREFIXES = (STATUS_OK, "skipped")
+_STATUS_PREFIXES = (STATUS_OK, "skipped", "error")
+TEXT_COLUMNS = ("pdb", "contacts")  # non-numeric cells besides the key and status (output file paths)
 RUN_INFO_NAME = "run.json"
 
 Key = Tuple[str, str]  # (recipe, target)
@@ -65,7 +88,14 @@ class ResultsStore:
         self.columns = columns
         self._rows: Dict[Key, Dict[str, str]] = {}
         if self.path.exists():
-            self._load()
+            with self._lock():
+                self._rows, problems = self._read()
+                if problems:
+                    for problem in problems:
+                        logger.warning("%s: %s", self.path, problem)
+                    self._save()  # the repaired table, so the file never holds a dropped row again
+            logger.info("resuming: %d rows already in %s (%d done)", len(self._rows), self.path,
+                        sum(is_done(r) for r in self._rows.values()))
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -94,21 +124,73 @@ class ResultsStore:
         missing = [c for c in (*KEY_COLUMNS, "status") if not row.get(c)]
         if missing:
             raise ValueError(f"result row {dict(row)} lacks {missing}")
-        self._rows[(str(row["recipe"]), str(row["target"]))] = {c: _format(row.get(c)) for c in self.columns}
-        self._save()
+        key = (str(row["recipe"]), str(row["target"]))
+        with self._lock():  # read-merge-write: rows other processes added meanwhile survive
+            self.refresh(locked=True)
+            self._rows[key] = {c: _format(row.get(c)) for c in self.columns}
+            self._save()
+
+    def refresh(self, locked: bool = False) -> None:
+        """Re-read the table from disk (rows other processes wrote); malformed rows are skipped with a warning."""
+        if not self.path.exists():
+            return
+        if locked:
+            rows, problems = self._read()
+        else:
+            with self._lock():
+                rows, problems = self._read()
+        for problem in problems:
+            logger.warning("%s: %s", self.path, problem)
+        self._rows = rows
 
     # -- file ------------------------------------------------------------------
-    def _load(self) -> None:
-        with self.path.open(newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
-            header = tuple(reader.fieldnames or ())
-            if header != self.columns:
-                raise ValueError(f"{self.path} has columns {list(header)}, not the {list(self.columns)} this command "
-                                 "writes; give a new --out folder (or delete the old table)")
-            for row in reader:
-                self._rows[(row["recipe"], row["target"])] = dict(row)  # last wins: no duplicates
-        logger.info("resuming: %d rows already in %s (%d done)", len(self._rows), self.path,
-                    sum(is_done(r) for r in self._rows.values()))
+    def _lock(self):
+        return file_lock(self.path.with_name(self.path.name + ".lock"), wait=True, purpose=str(self.path))
+
+    def _read(self) -> Tuple[Dict[Key, Dict[str, str]], List[str]]:
+        """Valid rows by key, and a description of each row dropped."""
+        text = self.path.read_text(encoding="utf-8", errors="replace")
+        if not text.strip():
+            return {}, ["the table is empty (a truncated file?); starting it again"]
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        header = tuple(reader.fieldnames or ())
+        if header != self.columns:
+            raise ValueError(f"{self.path} has columns {list(header)}, not the {list(self.columns)} this command "
+                             "writes; give a new --out folder (or delete the old table)")
+        rows: Dict[Key, Dict[str, str]] = {}
+        conflicts, problems = set(), []
+        for line, row in enumerate(reader, start=2):
+            problem = self._row_problem(row)
+            if problem:
+                problems.append(f"line {line} dropped ({problem}); it will be rerun")
+                continue
+            key = (row["recipe"], row["target"])
+            if key in rows and rows[key] != row:
+                conflicts.add(key)
+            elif key in rows:
+                problems.append(f"line {line} repeats the row of {key[1]} / {key[0]}; the copy is dropped")
+            rows[key] = dict(row)
+        for key in conflicts:
+            del rows[key]
+            problems.append(f"conflicting rows for {key[1]} / {key[0]} dropped; it will be rerun")
+        return rows, problems
+
+    def _row_problem(self, row: Mapping[str, Any]) -> Optional[str]:
+        if None in row or any(v is None for v in row.values()):
+            return "wrong number of cells: a truncated or garbled line"
+        if not row["target"] or not row["recipe"]:
+            return "empty target or recipe"
+        if not str(row["status"]).startswith(_STATUS_PREFIXES):
+            return f"unknown status {row['status'][:40]!r}"
+        if row["status"] == STATUS_OK:
+            for column in self.columns:
+                if column in (*KEY_COLUMNS, "status", *TEXT_COLUMNS) or row[column] == "":
+                    continue
+                try:
+                    float(row[column])
+                except ValueError:
+                    return f"{column} {row[column][:40]!r} is not a number"
+        return None
 
     def _save(self) -> None:
         buffer = io.StringIO()
@@ -118,8 +200,11 @@ class ResultsStore:
         atomic_write_text(self.path, buffer.getvalue())
 
 
-def check_run_info(out_dir: Union[str, Path], info: Mapping[str, Any]) -> None:
+def check_run_info(out_dir: Union[str, Path], info: Mapping[str, Any], scored: bool = True) -> None:
     """Write ``out_dir/run.json``, or check that an existing one records the same run.
+
+    ``scored=False`` (no done row in the table yet) lets a run that failed before
+    scoring anything be rerun with corrected settings: the old ``run.json`` is replaced.
 
     Raises
     ------
@@ -134,11 +219,14 @@ def check_run_info(out_dir: Union[str, Path], info: Mapping[str, Any]) -> None:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not valid JSON ({e}); delete it or use a new --out folder") from e
         changed = sorted(k for k in set(old) | set(wanted) if old.get(k) != wanted.get(k))
-        if changed:
+        if changed and not scored:
+            logger.warning("%s: the earlier run scored nothing; replacing its settings (%s)", path, ", ".join(changed))
+        elif changed:
             diffs = "; ".join(f"{k}: {old.get(k)!r} -> {wanted.get(k)!r}" for k in changed)
             raise ValueError(f"{path.parent} holds results of a different run ({diffs}); resume with the same "
                              "settings or give a new --out folder")
-        return
+        if not changed:
+            return
     atomic_write_text(path, json.dumps(wanted, indent=2, sort_keys=True) + "\n")
 
 

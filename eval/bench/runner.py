@@ -12,19 +12,22 @@ which a resumed run retries.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Sequence, Tuple
 
 from torch import nn
 
 from ptq_protein.models.adapters import ESM2_MAX_RESIDUES
-from ptq_protein.eval.bench.results_store import STATUS_OK, ResultsStore
+from ptq_protein.eval.bench.results_store import STATUS_OK, TEXT_COLUMNS, ResultsStore, check_run_info, is_done
+from ptq_protein.io_utils import check_out_path, folder_lock, safe_stem
 from ptq_protein.data.sets import BenchmarkSet, Target
 
-__all__ = ["FP_RECIPE", "RunOptions", "normalize_recipes", "run_recipes", "length_status", "prediction_path"]
+__all__ = ["FP_RECIPE", "RunOptions", "normalize_recipes", "run_recipes", "length_status", "prediction_path",
+           "open_run"]
 
 logger = logging.getLogger(__name__)
 
@@ -119,16 +122,35 @@ def run_recipes(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[str], s
     return counts
 
 
+@contextlib.contextmanager
+def open_run(out_dir: Path, run_info: Mapping[str, Any], columns: Sequence[str]) -> Iterator[ResultsStore]:
+    """The results table of ``out_dir``, held for one run: a second run into the folder is refused meanwhile.
+
+    Checks ``run.json`` against ``run_info`` (a run that scored nothing may change it).
+    """
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        check_out_path(out_dir, what="output folder")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out_dir):
+        store = ResultsStore(out_dir / "results.csv", columns)
+        check_run_info(out_dir, run_info, scored=any(is_done(row) for row in store))
+        yield store
+
+
 def prediction_path(out_dir: Path, kind: str, recipe: str, target_id: str, suffix: str) -> Path:
-    """``OUT/<kind>/<recipe>/<target><suffix>``; characters unsafe in file names become ``_``."""
-    stem = "".join(c if c.isalnum() or c in "._-" else "_" for c in target_id)
-    return Path(out_dir) / kind / recipe / f"{stem}{suffix}"
+    """``OUT/<kind>/<recipe>/<stem><suffix>``; distinct ids get distinct stems (:func:`~ptq_protein.io_utils.safe_stem`)."""
+    return Path(out_dir) / kind / recipe / f"{safe_stem(target_id)}{suffix}"
 
 
 def _pending(store: ResultsStore, recipe: str, target: Target, cap: int) -> bool:
-    """Not done yet, or skipped by a smaller length cap than this run's."""
+    """Not done yet, skipped by a smaller length cap than this run's, or its recorded output file is gone."""
     row = store.get(recipe, target.id)
     if row is None or not store.is_done(recipe, target.id):
+        return True
+    missing = [row[c] for c in TEXT_COLUMNS if row.get(c) and not (store.path.parent / row[c]).exists()]
+    if missing and row["status"] == STATUS_OK:
+        logger.warning("%s: output %s of target %s is missing; redoing it", recipe, missing[0], target.id)
         return True
     return row["status"].startswith(_LENGTH_SKIP) and target.length <= cap
 

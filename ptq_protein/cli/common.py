@@ -11,9 +11,9 @@ from typing import Any
 def add_runtime_options(parser: argparse.ArgumentParser) -> None:
     """--device/--dtype/--seed/--quiet, as every model-running command takes them."""
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"], help="where to run (default: cpu)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                         help="floating-point dtype of the parts kept in floating point (default: float32)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (tiny models, sampling; default 0)")
+    parser.add_argument("--seed", type=int, help="random seed: the weights of tiny models, sampling (default 0)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars, warnings only")
 
 

@@ -67,9 +67,13 @@ def run(args: argparse.Namespace) -> int:
     from ptq_protein.eval.bench.runner import RunOptions, normalize_recipes
 
     recipes = normalize_recipes(args.recipes)  # validate before loading anything heavy
+    if args.max_length is not None and args.max_length < 1:
+        raise ValueError(f"--max-length {args.max_length} must be a positive number of residues")
+    if Path(args.out).is_file() or not args.out.strip():
+        raise ValueError(f"--out {args.out!r} must name a folder (an earlier run there is resumed)")
     bench = _select(args)
     loaded = load_float_model(args, args.model)
-    cap = args.max_length or loaded.max_length or ESM2_MAX_RESIDUES
+    cap = args.max_length if args.max_length is not None else (loaded.max_length or ESM2_MAX_RESIDUES)
     options = RunOptions(calibration=args.calib, max_length=cap, batch_size=args.batch_size,
                          num_recycles=args.num_recycles, progress=show_progress(args),
                          calib_max_length=calib_crop(args, loaded.device))
@@ -77,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     run_info = {"model": args.model, "weights": args.weights, "model_source": loaded.source,
                 "model_sha256": loaded.source_sha256, "set": _set_identity(args.set_spec),
                 "calibration": args.calib, "calib_max_length": options.calib_max_length,
-                "num_recycles": args.num_recycles, "dtype": args.dtype, "seed": args.seed}
+                "num_recycles": args.num_recycles, "dtype": args.dtype or "float32",
+                "seed": 0 if args.seed is None else args.seed}
     note = TINY_NOTE if str(loaded.source).startswith("tiny:") else ""
     if args.eval_kind == "structure":
         from ptq_protein.eval.bench.structure_task import evaluate_structure as evaluate

@@ -23,6 +23,8 @@ def register(subparsers) -> None:
     p.add_argument("--fasta", required=True, help="sequences to fold (FASTA, .gz allowed)")
     p.add_argument("--out", required=True, help="folder for the PDB files")
     p.add_argument("--num-recycles", type=int, help="recycles (default: the model's)")
+    p.add_argument("--force", action="store_true",
+                   help="replace PDBs an earlier fold wrote into --out (other files are never replaced)")
     add_model_options(p)
     add_runtime_options(p)
     add_json_option(p)
@@ -38,14 +40,20 @@ def run(args: argparse.Namespace) -> int:
     if is_artifact(args.model):
         import ptq_protein as pp
 
+        given = [o for o, v in (("--weights", args.weights), ("--dtype", args.dtype)) if v is not None]
+        if given:
+            raise ValueError(f"{' and '.join(given)} cannot apply to an artifact ({args.model} carries its own "
+                             "weights and dtypes); drop the option, or fold the float model instead")
         model = pp.load(args.model, device=resolve_device(args.device))
     else:
         model = load_float_model(args, args.model).model
     require_esmfold(model)
-    plddts = fold_to_pdbs(model, records, Path(args.out), args.num_recycles, progress=show_progress(args))
+    written = fold_to_pdbs(model, records, Path(args.out), args.num_recycles, progress=show_progress(args),
+                           force=args.force)
     if args.json:
-        print_json({"out": args.out, "mean_plddt": plddts})
+        print_json({"out": args.out, "mean_plddt": {k: v[0] for k, v in written.items()},
+                    "pdb": {k: str(v[1]) for k, v in written.items()}})
     else:
-        for seq_id, plddt in plddts.items():
-            print(f"{seq_id}\tmean pLDDT {plddt:.1f}\t{Path(args.out) / seq_id}.pdb")
+        for seq_id, (plddt, path) in written.items():
+            print(f"{seq_id}\tmean pLDDT {plddt:.1f}\t{path}")
     return 0

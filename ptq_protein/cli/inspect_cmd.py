@@ -25,7 +25,8 @@ def register(subparsers) -> None:
     p.add_argument("--preset", default="w8a8-pwlq", help="recipe whose sites and quantizers are evaluated (default w8a8-pwlq)")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--top", type=int, default=9, help="plot the N most asymmetric sites (default 9)")
-    p.add_argument("--out", help="folder for report.json, report.md and histograms.png")
+    p.add_argument("--out", help="folder for report.json, report.md and histograms.png (never an artifact folder)")
+    p.add_argument("--force", action="store_true", help="replace report files an earlier inspect wrote in --out")
     add_model_options(p)
     add_runtime_options(p)
     add_json_option(p)
@@ -37,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from ptq_protein.io_utils import atomic_write_text
     from ptq_protein.report import report_markdown
 
+    _check_args(args)
     loaded = load_float_model(args, args.model)
     qmodel = pp.quantize(loaded.model, args.preset, calibration=args.calib, batch_size=args.batch_size,
                          progress=show_progress(args), inplace=True)
@@ -57,3 +59,29 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(report_markdown(state.report, title=f"{loaded.name} activations ({args.preset})"))
     return 0
+
+
+_OUTPUTS = ("report.json", "report.md", "histograms.png")
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Refuse bad options before calibrating: an empty preset, a negative --top, an --out that must not be written."""
+    from ptq_protein.artifact import is_artifact_dir
+    from ptq_protein.io_utils import check_out_path
+
+    if not args.preset.strip():
+        raise ValueError("--preset '' names no recipe; give a preset name (see README) or omit it")
+    if args.top < 0:
+        raise ValueError(f"--top {args.top} must be 0 or a number of sites to plot")
+    if args.out is None:
+        return
+    out = Path(args.out)
+    if is_artifact_dir(out):
+        raise FileExistsError(f"{out} is an artifact folder; inspect would replace its reports: choose another --out")
+    check_out_path(out, force=True, what="folder")
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file, not a folder; choose another --out")
+    taken = [name for name in _OUTPUTS if (out / name).exists()]
+    if taken and not args.force:
+        raise FileExistsError(f"{out / taken[0]} already exists; pass --force to replace inspect's reports there, "
+                              "or choose another --out")

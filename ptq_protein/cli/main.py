@@ -27,8 +27,15 @@ _COMMAND_MODULES = (
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (no usage block first), exit code 2; sub-parsers inherit the class."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {' '.join(message.split())} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ptq-protein",
         description="Post-training quantization of ESM-2 / ESMFold, and structure evaluators.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -53,6 +60,19 @@ def _one_line(err: BaseException) -> str:
     return " ".join(text.split())
 
 
+def _route_library_noise() -> None:
+    """Library warnings as one logging line each (no source echo); no download bars when stderr is not a terminal."""
+    import os
+    import warnings
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        logging.getLogger("py.warnings").warning("%s: %s", category.__name__, " ".join(str(message).split()))
+
+    warnings.showwarning = show
+    if not sys.stderr.isatty():
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read when transformers is first imported
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -61,6 +81,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_USAGE
     level = logging.WARNING if getattr(args, "quiet", False) else logging.INFO
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    _route_library_noise()
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return int(func(args) or EXIT_OK)

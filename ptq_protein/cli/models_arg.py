@@ -22,9 +22,11 @@ def load_float_model(args: argparse.Namespace, name: str):
     from ptq_protein.cli.common import resolve_device
     from ptq_protein.models.loading import load_model
 
-    torch.manual_seed(args.seed)
+    seed = getattr(args, "seed", None)
+    torch.manual_seed(0 if seed is None else seed)
+    tiny = str(name).startswith("tiny-")  # --seed chooses a tiny model's weights (tiny-esm2@N names one too)
     return load_model(name, weights=getattr(args, "weights", None), device=resolve_device(args.device),
-                      dtype=getattr(torch, _DTYPES[args.dtype]))
+                      dtype=getattr(torch, _DTYPES[args.dtype or "float32"]), seed=seed if tiny else None)
 
 
 def is_artifact(path: str) -> bool:

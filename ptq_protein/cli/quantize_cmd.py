@@ -28,7 +28,8 @@ def register(subparsers) -> None:
     p.add_argument("--calib", default="casp14:50",
                    help="calibration sequences: a FASTA file or a bundled set (default casp14:50, the study's set)")
     p.add_argument("--out", help="artifact folder (default runs/<model>-<preset>)")
-    p.add_argument("--force", action="store_true", help="overwrite an existing --out folder")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing --out artifact folder (anything else there is never replaced)")
     p.add_argument("--batch-size", type=int, default=4, help="calibration batch size (default 4)")
     p.add_argument("--backend", choices=["fake", "int8"], default="fake", help="execution backend recorded in the artifact")
     p.add_argument("--num-recycles", type=int, help="ESMFold: recycles during calibration (default: the model's)")
@@ -44,7 +45,9 @@ def register(subparsers) -> None:
 def _recipe_name(args: argparse.Namespace) -> str:
     from ptq_protein.presets import get_preset, preset_for_bits
 
-    name = args.preset or preset_for_bits(args.bits if args.bits is not None else 8)
+    if args.preset is not None and not args.preset.strip():
+        raise ValueError("--preset '' names no recipe; give a preset name (see README: w8a8-pwlq, ...) or omit it")
+    name = args.preset if args.preset is not None else preset_for_bits(args.bits if args.bits is not None else 8)
     get_preset(name)  # validate early, before any model is loaded
     return name
 
@@ -53,10 +56,14 @@ def run(args: argparse.Namespace) -> int:
     import ptq_protein as pp
     from ptq_protein.api import resolve_calibration
 
+    from ptq_protein.artifact import check_artifact_out
+
     recipe = _recipe_name(args)
-    out = Path(args.out or f"runs/{Path(args.model).name}-{recipe}")
-    if out.exists() and not args.force:
-        raise FileExistsError(f"{out} already exists; pass --force to overwrite it or choose another --out")
+    if args.check < 0:
+        raise ValueError(f"--check {args.check} must be 0 (skip) or a number of sequences")
+    out = args.out if args.out is not None else f"runs/{Path(args.model).name}-{recipe}"
+    check_artifact_out(out, force=args.force)  # before calibration: refused in words, not after minutes
+    out = Path(out)
     loaded = load_float_model(args, args.model)
     qmodel = pp.quantize(loaded.model, recipe, calibration=args.calib, batch_size=args.batch_size,
                          backend=args.backend, progress=show_progress(args), num_recycles=args.num_recycles,

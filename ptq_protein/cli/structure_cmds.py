@@ -109,16 +109,17 @@ def run_contacts(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"contact map not found: {path}")
     try:
         pred = np.load(path, allow_pickle=False)
-    except ValueError as err:
-        raise InputError(f"{path}: not a numeric .npy array ({err})") from err
+    except (ValueError, OSError, EOFError) as err:  # numpy's own words suggest allow_pickle, no option here has it
+        raise InputError(f"{path}: not a numeric .npy array (save the map with numpy.save, float [L, L])") from err
     metrics = contact_precision(pred, args.native, sequence=_read_sequence(args.sequence), chain=args.chain)
     if args.json:
-        print_json({"pred": args.pred, "native": args.native, **metrics})
+        undefined_as_null = {k: (None if v != v else v) for k, v in metrics.items()}  # NaN: no native contact
+        print_json({"pred": args.pred, "native": args.native, **undefined_as_null})
         return 0
     print(f"{'range':<8} {'P@L':>7} {'P@L2':>7} {'P@L5':>7} {'AUC':>7}")
     for name in ("local", "short", "medium", "long"):
         values = [metrics[f"{name}_{key}"] for key in ("P@L", "P@L2", "P@L5", "AUC")]
-        print(f"{name:<8} " + " ".join(f"{v:7.4f}" for v in values))
+        print(f"{name:<8} " + " ".join("  undef" if v != v else f"{v:7.4f}" for v in values))
     return 0
 
 

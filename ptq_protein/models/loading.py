@@ -243,8 +243,8 @@ def _load_fair_esm(name: str, path: Path, data: dict, allow_pickle: bool):
         raise InputError(f"{path}: weights do not fit the architecture its config describes: "
                          f"{' '.join(str(e).split())[:400]}") from e
     except (AttributeError, KeyError, TypeError, ValueError) as e:
-        raise InputError(f"{path}: not a fair-esm checkpoint layout fair-esm can read ({type(e).__name__}: {e}); "
-                         "if you trust the file, try allow_pickle=True") from e
+        raise InputError(f"{path}: not a fair-esm checkpoint layout fair-esm can read ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:200]}); check that it is an ESM-2 .pt file") from e
     return model.eval(), alphabet
 
 
@@ -262,7 +262,11 @@ def _load_hf_folder(folder: Path):
         model, info = model_class.from_pretrained(folder, config=config, local_files_only=True,
                                                   output_loading_info=True)
     except Exception as e:  # noqa: BLE001 -- safetensors/torch raise many types for a bad file
-        raise InputError(f"{folder}: weights could not be read ({type(e).__name__}: {str(e)[:200]}); "
+        detail = " ".join(str(e).split())
+        if "size mismatch" in detail or "shape" in detail:
+            raise InputError(f"{folder}: the weights' shapes do not match its config.json ({detail[:200]}); "
+                             "use the config the weights were saved with") from e
+        raise InputError(f"{folder}: weights could not be read ({type(e).__name__}: {detail[:200]}); "
                          "the files may be truncated: re-download them") from e
     problems = {k: list(v) for k, v in info.items() if k in ("missing_keys", "mismatched_keys") and v}
     if problems:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ptq_protein.config import QuantConfig, SiteKind
+from ptq_protein.errors import InputError
 from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.nn.qparams import quantize_weight
 from ptq_protein.calibration.matmul_sites import QuantMatmulHost
@@ -52,6 +53,9 @@ def swap_modules_(model: nn.Module, sites: Dict[str, Site], input_quants: Dict[s
         if site.kind is SiteKind.LINEAR:
             if config.weights is None and quant is None:
                 continue
+            if config.weights is not None and not torch.isfinite(module.weight).all():
+                raise InputError(f"site {name}: its weight holds NaN or Inf values, which cannot be quantized; "
+                                 "fix the checkpoint, or exclude the site (QuantConfig exclude=[...])")
             new = build_quant_linear(module, config, quant).to(device)
             set_module(model, name, new)
             done[name] = "linear" + (" W" if config.weights is not None else "") + (" A" if quant is not None else "")

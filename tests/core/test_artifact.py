@@ -54,8 +54,14 @@ def test_existing_out_is_kept_without_force(esm2, seqs, tmp_path):
     with pytest.raises(FileExistsError, match="--force"):
         pp.save(q, out)
     assert (out / "keep.txt").read_text() == "mine"
-    pp.save(q, out, force=True)
-    assert not (out / "keep.txt").exists() and (out / "recipe.json").exists()
+    with pytest.raises(FileExistsError, match="not a ptq-protein artifact"):  # --force replaces only artifacts
+        pp.save(q, out, force=True)
+    assert (out / "keep.txt").read_text() == "mine"
+    art = tmp_path / "art"
+    pp.save(q, art)
+    (art / "extra.txt").write_text("x")
+    pp.save(q, art, force=True)
+    assert not (art / "extra.txt").exists() and (art / "recipe.json").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "no temp folders left behind"
 
 
