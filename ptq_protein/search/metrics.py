@@ -69,7 +69,8 @@ class Scorer:
         self.forward_kwargs = dict(forward_kwargs or {})
         self._output: Callable = {Metric.TM: self._ca, Metric.CONTACTS: self._contact_scores,
                                   Metric.LOGITS: self._logits}[self.metric]
-        self.references = [self._output(fp_model, s) for s in self.sequences]
+        with torch.no_grad():
+            self.references = [self._output(fp_model, s) for s in self.sequences]
 
     @torch.no_grad()
     def score(self, model: nn.Module) -> Dict[str, float]:
