@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ptq_protein.cli.auto_opts import add_auto_options, auto_budget, run_auto
 from ptq_protein.cli.common import (add_calib_crop_option, add_json_option, add_runtime_options, calib_crop,
                                     print_json, show_progress)
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, load_float_model
@@ -40,8 +41,6 @@ def register(subparsers) -> None:
     add_calib_crop_option(p)
     p.add_argument("--check", type=int, default=1, metavar="N",
                    help="compare the quantized model with its FP self on the N shortest calibration sequences (0: skip)")
-    from ptq_protein.cli.auto_opts import add_auto_options
-
     add_auto_options(p)
     add_model_options(p)
     add_runtime_options(p)
@@ -60,8 +59,6 @@ def _recipe_name(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     import ptq_protein as pp
     from ptq_protein.api import resolve_calibration
-    from ptq_protein.cli.auto_opts import auto_budget, run_auto
-
     budget = auto_budget(args)  # a bad budget fails before any model is loaded
     recipe = "auto" if budget is not None else _recipe_name(args)
     out = Path(args.out or f"runs/{Path(args.model).name}-{recipe}")

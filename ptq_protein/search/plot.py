@@ -27,6 +27,7 @@ def plot_sensitivity(rows: Sequence[Dict[str, Any]], path: Path, title: str = ""
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         log.warning("matplotlib is not installed: skipping %s (pip install 'ptq-protein[plot]')", path.name)
         return None
@@ -41,6 +42,7 @@ def plot_sensitivity(rows: Sequence[Dict[str, Any]], path: Path, title: str = ""
     for label, points in sorted(lines.items()):
         points.sort()
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel("layer (block index)")
     ax.set_ylabel("loss vs FP")
     ax.set_title(title, fontsize=9)
