@@ -21,7 +21,7 @@ import json
 import platform
 import statistics
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -47,10 +47,11 @@ def _seqs(spec: str, crop: int) -> List[str]:
     return [s[:crop] for s in load_set(spec).sequences()]
 
 
-def bench_sensitivity(crop: int, reps: int) -> Dict[str, Any]:
+def bench_sensitivity(crop: int, reps: int, recycles: Optional[int]) -> Dict[str, Any]:
     model, _ = tiny_esmfold(seed=0)
     targets, calib = _seqs("cameo139:5", crop), _seqs("casp14:8", crop)
-    probe = Scorer(model, get_adapter(model), "tm", targets)
+    extra = {} if recycles is None else {"num_recycles": recycles}
+    probe = Scorer(model, get_adapter(model), "tm", targets, extra)
     fold_times = []
     for _ in range(reps):
         start = time.perf_counter()
@@ -58,7 +59,8 @@ def bench_sensitivity(crop: int, reps: int) -> Dict[str, Any]:
         fold_times.append(time.perf_counter() - start)
     fold = statistics.median(fold_times)
     start = time.perf_counter()
-    result = sensitivity(model, "w8a8-pwlq", targets, metric="tm", unit="site", calibration=calib)
+    result = sensitivity(model, "w8a8-pwlq", targets, metric="tm", unit="site", calibration=calib,
+                         num_recycles=recycles)
     wall = time.perf_counter() - start
     units = result["timing"]["units"]
     return {"units": units, "fp_fold_5_targets_s": fold, "wall_s": wall, "ratio": wall / (units * fold),
@@ -66,13 +68,14 @@ def bench_sensitivity(crop: int, reps: int) -> Dict[str, Any]:
 
 
 def bench_auto(name: str, model, budget: str, search: List[str], held: List[str], calib: List[str],
-               unit: str) -> Dict[str, Any]:
+               unit: str, recycles: Optional[int] = None) -> Dict[str, Any]:
     start = time.perf_counter()
-    qmodel = pp.quantize(model, "auto", calibration=calib, budget=budget, unit=unit, search_set=search, holdout=held)
+    qmodel = pp.quantize(model, "auto", calibration=calib, budget=budget, unit=unit, search_set=search, holdout=held,
+                         num_recycles=recycles)
     auto_s = time.perf_counter() - start
     plan = qmodel.ptq_state.plan
     parsed = Budget.parse(budget)
-    bench = Workbench(model, AUTO_SCOPE, calib)
+    bench = Workbench(model, AUTO_SCOPE, calib, num_recycles=recycles)
     units = make_units(bench.sites, unit)
     scorer = Scorer(bench.model, bench.adapter, parsed.metric, held, bench.forward_kwargs)
     menu = [UnitChoice.parse(c) for c in PRESET_CHOICES.values()]
@@ -90,27 +93,37 @@ def bench_auto(name: str, model, budget: str, search: List[str], held: List[str]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--crop", type=int, default=64, help="residues kept per sequence (central crop: first N)")
+    parser.add_argument("--quick", action="store_true", help="ESM-2 auto only (smoke test)")
+    parser.add_argument("--parts", default="auto-esm2,auto-esmfold,sensitivity",
+                        help="comma list of auto-esm2, auto-esmfold, sensitivity (run them in separate processes at will)")
+    parser.add_argument("--crop", type=int, default=64, help="residues kept per sequence (the first N)")
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--recycles", type=int, help="ESMFold recycles everywhere (default: the model's, 2 for tiny)")
+    parser.add_argument("--json", help="write the results here (rewritten after each part)")
     args = parser.parse_args()
+    parts = ["auto-esm2"] if args.quick else [p.strip() for p in args.parts.split(",")]
     facts = {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-             "machine": platform.machine(), "crop": args.crop}
-    out: Dict[str, Any] = {"facts": facts, "auto": []}
-    esm2, _ = tiny_esm2(seed=0)
-    lm_args = (_seqs("cameo139:5", args.crop * 2), _seqs("cameo2022:5", args.crop * 2), _seqs("casp14:8", args.crop * 2))
-    out["auto"].append(bench_auto("tiny-esm2 (outliers)", esm2, "logits_rel<=0.02", *lm_args, unit="site"))
-    if not args.quick:
-        fold, _ = tiny_esmfold(seed=0)
-        fold_args = (_seqs("cameo139:5", args.crop), _seqs("cameo2022:5", args.crop), _seqs("casp14:8", args.crop))
-        out["auto"].append(bench_auto("tiny-esmfold", fold, "tm>=0.99", *fold_args, unit="layer"))
-        out["sensitivity"] = bench_sensitivity(args.crop, args.reps)
-    text = json.dumps(out, indent=2, default=str)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as handle:
-            handle.write(text)
+             "machine": platform.machine(), "crop": args.crop, "recycles": args.recycles}
+    out: Dict[str, Any] = {"facts": facts}
+    for part in parts:
+        if part == "auto-esm2":
+            crop = 2 * args.crop
+            out[part] = bench_auto("tiny-esm2 (outliers)", tiny_esm2(seed=0)[0], "logits_rel<=0.02",
+                                   _seqs("cameo139:5", crop), _seqs("cameo2022:5", crop), _seqs("casp14:8", crop),
+                                   unit="site")
+        elif part == "auto-esmfold":
+            out[part] = bench_auto("tiny-esmfold", tiny_esmfold(seed=0)[0], "tm>=0.99", _seqs("cameo139:5", args.crop),
+                                   _seqs("cameo2022:5", args.crop), _seqs("casp14:8", args.crop), unit="layer",
+                                   recycles=args.recycles)
+        elif part == "sensitivity":
+            out[part] = bench_sensitivity(args.crop, args.reps, args.recycles)
+        else:
+            raise SystemExit(f"unknown part {part!r}")
+        text = json.dumps(out, indent=2, default=str)
+        print(text, flush=True)
+        if args.json:
+            with open(args.json, "w") as handle:
+                handle.write(text)
 
 
 if __name__ == "__main__":
