@@ -3,6 +3,8 @@
     import ptq_protein as pp
     qmodel = pp.quantize(model, "w8a8-pwlq", calibration="casp14:50")
     pp.save(qmodel, "runs/w8a8"); qmodel = pp.load("runs/w8a8")
+    qmodel = pp.quantize(model, "auto", calibration="casp14:50", budget="tm>=0.99")  # mixed precision
+    pp.sensitivity(model, "w8a8-pwlq", "cameo139:5", metric="tm", out_dir="runs/sens")
 
 Attributes are imported lazily so that ``import ptq_protein`` (and the CLI's
 ``--help``) stays fast.
@@ -16,7 +18,8 @@ from ptq_protein import _compat
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "quantize": "ptq_protein.api",
+    "quantize": "ptq_protein.search.entry",
+    "sensitivity": "ptq_protein.search.sensitivity",
     "QuantState": "ptq_protein.api",
     "QuantConfig": "ptq_protein.config",
     "TensorQuant": "ptq_protein.config",

@@ -59,6 +59,7 @@ class QuantState:
     report: List[Dict[str, Any]] = field(default_factory=list)
     fp_sites: List[str] = field(default_factory=list)
     histograms: Dict[str, Any] = field(default_factory=dict)  # site -> (counts, edges), for plots
+    plan: Optional[Any] = None  # a ptq_protein.site_plan.MixedPlan when the precision differs per unit
 
 
 def _sequences_sha(seqs: Sequence[str]) -> str:

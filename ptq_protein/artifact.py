@@ -39,6 +39,7 @@ from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.kernels.packing import pack_int4, unpack_int4
 from ptq_protein.quant.codebook import PiecewiseCodebook
 from ptq_protein.report import report_markdown
+from ptq_protein.site_plan import MixedPlan
 from ptq_protein.calibration.matmul_sites import QuantMatmulHost
 from ptq_protein.calibration.sites import Site, set_module
 
@@ -138,6 +139,7 @@ def save(qmodel: nn.Module, path: Union[str, Path], *, force: bool = False,
             "sites": sites, "site_list": [s.to_dict() for s in state.sites], "fp_sites": state.fp_sites,
             "aliases": aliases, "versions": _versions(),
             "reports": {name: file_sha256(tmp / name) for name in (REPORT_JSON, REPORT_MD)},
+            "mixed_precision": None if state.plan is None else state.plan.to_dict(),
         }
         recipe = json.loads(json.dumps(recipe))  # exactly what recipe.json will hold (tuples -> lists)
         save_file(tensors, str(tmp / TENSORS), metadata={"format": ARTIFACT_FORMAT, SEAL_KEY: canonical_json(recipe)})
@@ -248,8 +250,14 @@ def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = N
     sites = [Site(s["name"], SiteKind(s["kind"]), s["group"], s["module_type"], s["is_head"]) for s in recipe["site_list"]]
     calib = recipe.get("calibration")
     report = json.loads((path / REPORT_JSON).read_text()) if (path / REPORT_JSON).exists() else []
+    plan = recipe.get("mixed_precision")
+    try:
+        plan = None if plan is None else MixedPlan.from_dict(plan)
+    except ValueError as err:
+        raise ArtifactError(f"{path / RECIPE}: its mixed-precision plan is invalid ({err}); re-run quantize --auto") from err
     model.ptq_state = QuantState(config, recipe["family"], sites, {n: e["kind"] for n, e in recipe["sites"].items()},
-                                 None if calib is None else CalibrationInfo(**calib), report, recipe.get("fp_sites", []))
+                                 None if calib is None else CalibrationInfo(**calib), report, recipe.get("fp_sites", []),
+                                 plan=plan)
     model.ptq_recipe = recipe
     return model.eval().to(device)
 

@@ -121,7 +121,8 @@ _COLUMNS = ("site", "kind", "group", "min", "max", "asymmetry", "kurtosis", "sqn
 
 def report_markdown(rows: Sequence[Dict[str, Any]], title: str = "Per-site quantization report") -> str:
     """A markdown table of the report rows."""
-    lines = [f"# {title}", "", "| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
+    columns = _COLUMNS + (("choice",) if any("choice" in r for r in rows) else ())  # mixed precision: per-unit choice
+    lines = [f"# {title}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
-        lines.append("| " + " | ".join(_fmt(row.get(c)) for c in _COLUMNS) + " |")
+        lines.append("| " + " | ".join(_fmt(row.get(c)) for c in columns) + " |")
     return "\n".join(lines) + "\n"

@@ -77,15 +77,17 @@ class ResultsStore:
     path : path of the CSV (created on the first :meth:`put`).
     columns : the column order; must start with ``target, recipe`` and contain ``status``.
         An existing file with a different header is refused (use another folder).
+    text_columns : columns whose cells are text (everything else must parse as a number on resume).
     """
 
-    def __init__(self, path: Union[str, Path], columns: Sequence[str]):
+    def __init__(self, path: Union[str, Path], columns: Sequence[str], text_columns: Sequence[str] = TEXT_COLUMNS):
         columns = tuple(columns)
         if columns[:2] != KEY_COLUMNS or "status" not in columns or len(set(columns)) != len(columns):
             raise ValueError(f"results columns {columns} must start with {KEY_COLUMNS}, include 'status' "
                              "and have no repeats")
         self.path = Path(path)
         self.columns = columns
+        self.text_columns = tuple(text_columns)
         self._rows: Dict[Key, Dict[str, str]] = {}
         if self.path.exists():
             with self._lock():
@@ -184,7 +186,7 @@ class ResultsStore:
             return f"unknown status {row['status'][:40]!r}"
         if row["status"] == STATUS_OK:
             for column in self.columns:
-                if column in (*KEY_COLUMNS, "status", *TEXT_COLUMNS) or row[column] == "":
+                if column in (*KEY_COLUMNS, "status", *self.text_columns) or row[column] == "":
                     continue
                 try:
                     float(row[column])

@@ -21,6 +21,7 @@ _COMMAND_MODULES = (
     "ptq_protein.cli.fold_cmd",
     "ptq_protein.cli.inspect_cmd",
     "ptq_protein.cli.eval_cmd",
+    "ptq_protein.cli.sensitivity_cmd",
     "ptq_protein.cli.structure_cmds",
 )
 

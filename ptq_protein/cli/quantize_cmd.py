@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ptq_protein.cli.auto_opts import add_auto_options, auto_budget, run_auto
 from ptq_protein.cli.common import (add_calib_crop_option, add_json_option, add_runtime_options, calib_crop,
                                     print_json, show_progress)
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, load_float_model
@@ -13,6 +14,9 @@ EXAMPLES = """examples:
   ptq-protein quantize tiny-esmfold --bits 8                      # the embedded demo, no weights needed
   ptq-protein quantize esmfold --bits 8                           # w8a8-pwlq, calibrated on the bundled CASP14 set
   ptq-protein quantize esm2_t33_650M_UR50D --preset w4a8-pwlq --calib my.fasta --out runs/650m-w4a8
+  ptq-protein quantize tiny-esmfold --auto --budget "tm>=0.99"     # per-layer mixed precision, verified held-out
+  ptq-protein quantize tiny-esm2 --auto --budget "logits_rel<=0.02" --unit site
+  ptq-protein quantize tiny-esmfold --auto --max-bits-avg 6         # best TM-score at <= 6 bits on average
 """
 
 
@@ -25,6 +29,8 @@ def register(subparsers) -> None:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--bits", type=int, help="4, 6 or 8: the default piecewise-linear recipe at that width (default 8)")
     group.add_argument("--preset", help="a named recipe (see README: w8a8-uniform, w8a8-pwlq, w8-only, w4a8-pwlq, ...)")
+    group.add_argument("--auto", action="store_true",
+                       help="search a per-unit precision plan meeting --budget / --max-bits-avg (README: Mixed precision)")
     p.add_argument("--calib", default="casp14:50",
                    help="calibration sequences: a FASTA file or a bundled set (default casp14:50, the study's set)")
     p.add_argument("--out", help="artifact folder (default runs/<model>-<preset>)")
@@ -36,6 +42,7 @@ def register(subparsers) -> None:
     add_calib_crop_option(p)
     p.add_argument("--check", type=int, default=1, metavar="N",
                    help="compare the quantized model with its FP self on the N shortest calibration sequences (0: skip)")
+    add_auto_options(p)
     add_model_options(p)
     add_runtime_options(p)
     add_json_option(p)
@@ -58,20 +65,26 @@ def run(args: argparse.Namespace) -> int:
 
     from ptq_protein.artifact import check_artifact_out
 
-    recipe = _recipe_name(args)
+    budget = auto_budget(args)  # a bad budget fails before any model is loaded
+    recipe = "auto" if budget is not None else _recipe_name(args)
     if args.check < 0:
         raise ValueError(f"--check {args.check} must be 0 (skip) or a number of sequences")
     out = args.out if args.out is not None else f"runs/{Path(args.model).name}-{recipe}"
     check_artifact_out(out, force=args.force)  # before calibration: refused in words, not after minutes
     out = Path(out)
     loaded = load_float_model(args, args.model)
-    qmodel = pp.quantize(loaded.model, recipe, calibration=args.calib, batch_size=args.batch_size,
-                         backend=args.backend, progress=show_progress(args), num_recycles=args.num_recycles,
-                         calib_max_length=calib_crop(args, loaded.device))
+    if budget is not None:
+        qmodel = run_auto(args, loaded, budget)
+    else:
+        qmodel = pp.quantize(loaded.model, recipe, calibration=args.calib, batch_size=args.batch_size,
+                             backend=args.backend, progress=show_progress(args), num_recycles=args.num_recycles,
+                             calib_max_length=calib_crop(args, loaded.device))
     info = {"name": loaded.name, "family": loaded.family, "source": str(loaded.source),
             "source_sha256": loaded.source_sha256}
     pp.save(qmodel, out, force=args.force, model_info=info)
     summary = _summary(qmodel, out, recipe, loaded)
+    if qmodel.ptq_state.plan is not None:
+        summary["plan"] = qmodel.ptq_state.plan.to_dict()
     if args.check > 0:
         shortest = sorted(resolve_calibration(args.calib)[1], key=len)[: args.check]
         summary["fidelity_vs_fp"] = pp.compare_models(loaded.model, qmodel, shortest)
@@ -101,6 +114,12 @@ def _print_summary(summary: dict) -> None:
     if calib:
         print(f"calibration: {calib['name']} ({calib['num_sequences']} sequences, sha256 {calib['sha256'][:12]})")
     print(f"artifact: {summary['artifact']} ({summary['artifact_bytes'] / 1e6:.2f} MB)")
+    plan = summary.get("plan")
+    if plan:
+        print(f"plan for {plan['budget']}: {plan['avg_bits']:.2f} average bits; held-out "
+              + ", ".join(f"{k} {v:.4f}" for k, v in plan["verified"].items()))
+        for unit in plan["units"]:
+            print(f"  {unit['unit']:<40} {unit['choice']}")
     fid = summary.get("fidelity_vs_fp")
     if fid:
         print("fidelity vs its own FP model (measures quantization error, not biology): "
