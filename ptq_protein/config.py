@@ -288,6 +288,11 @@ class QuantConfig:
             raise ValueError("weights are quantized once from their own values: use per_tensor or per_channel, not dynamic/per_token")
         fp8 = [n for n in ("weights", "activations") if getattr(self, n) is not None
                and getattr(self, n).scheme is Scheme.FP8]
+        acts = self.activations
+        if self.backend is Backend.INT8 and acts is not None and acts.granularity is Granularity.PER_CHANNEL:
+            raise ValueError("backend 'int8' cannot run per-channel activation scales (a scale along the summed "
+                             "dimension does not factor out of an integer GEMM); use backend='fake', or per_tensor / "
+                             "per_token activations")
         if self.backend is Backend.INT8 and fp8:
             raise ValueError(f"backend 'int8' runs integer codes, but the {' and '.join(fp8)} of recipe {self.name!r} "
                              "are FP8; run FP8 with backend='fake' (exact float8 simulation)")

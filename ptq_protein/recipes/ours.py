@@ -53,6 +53,13 @@ PRESETS: Dict[str, QuantConfig] = {
     "w6a6-pwlq": QuantConfig(weights=per_channel_weights(6), activations=pwlq_acts(6), kinds=_LINEAR_LN, name="w6a6-pwlq"),
     "w8a8-pwlq-all": QuantConfig(weights=per_channel_weights(8), activations=pwlq_acts(8),
                                  kinds=_LINEAR_LN + (SiteKind.MATMUL,), name="w8a8-pwlq-all"),
+    "w8a8-uniform-per-channel": QuantConfig(
+        weights=per_channel_weights(8), kinds=_LINEAR_LN, name="w8a8-uniform-per-channel",
+        activations=TensorQuant(bits=8, granularity=Granularity.PER_CHANNEL, range_method=RangeMethod.MINMAX)),
+    "w8a8-pwlq-dynamic": QuantConfig(
+        weights=per_channel_weights(8), kinds=_LINEAR_LN, name="w8a8-pwlq-dynamic",
+        activations=TensorQuant(bits=8, scheme=Scheme.PWLQ, symmetric=False, runtime_breakpoints=True,
+                                breakpoint_method=BreakpointMethod.GAUSSIAN)),
     "w8a8-dynamic": QuantConfig(weights=per_channel_weights(8),
                                 activations=TensorQuant(bits=8, granularity=Granularity.PER_TOKEN, dynamic=True),
                                 kinds=(SiteKind.LINEAR,), name="w8a8-dynamic"),
@@ -69,5 +76,9 @@ DOCS: Dict[str, str] = {
     "w4a8-pwlq": "W4 per-channel + piecewise-linear A8",
     "w6a6-pwlq": "W6 per-channel + piecewise-linear A6",
     "w8a8-pwlq-all": "w8a8-pwlq plus the attention score/probability matmuls and the trunk's triangle einsums",
+    "w8a8-uniform-per-channel": "W8 per-channel + static per-channel symmetric uniform A8 (min-max; backend='fake' "
+                                "only: a per-channel input scale does not factor out of an integer GEMM)",
+    "w8a8-pwlq-dynamic": "W8 per-channel + PWLQ A8 with range and breakpoints from each tensor at run time "
+                         "(the study's run-time variant; no calibration)",
     "w8a8-dynamic": "W8 per-channel + dynamic per-token symmetric A8 on Linear inputs (no calibration needed)",
 }

@@ -28,7 +28,7 @@ def _logits(model, seqs):
         return model(get_adapter(model).make_batch(seqs[:2]).inputs["tokens"])["logits"]  # at most two sequences
 
 
-@pytest.mark.parametrize("name", sorted(BASELINES))
+@pytest.mark.parametrize("name", sorted(pp.PRESETS))
 def test_config_round_trip(name):
     cfg = pp.get_preset(name)
     assert QuantConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
