@@ -26,7 +26,6 @@ import gc
 import json
 import resource
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 from typing import Callable, Dict, List, Sequence
@@ -36,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_quantize import (  # noqa: E402  (sibling script: shared model, sequences and table helpers)
     FULL_SHAPE, QUICK_SHAPE, ModelShape, _current_rss_kib, _fp_forwards, _reset_peak_rss, _seconds, build_esm2,
-    command_line, environment_line, markdown_table, random_sequences)
+    command_line, environment_line, markdown_table, random_sequences, run_memory_child)
 
 RECIPE = "w4-gptq"
 
@@ -99,15 +98,7 @@ def memory_child(shape: ModelShape, job: str, count: int, batch_size: int, threa
 
 
 def bench_memory(shape_flag: List[str], count: int, batch_size: int, threads: int) -> Dict[str, dict]:
-    out = {}
-    for job in ("fp", "gptq pass"):
-        cmd = [sys.executable, __file__, *shape_flag, "--threads", str(threads), "--batch-size", str(batch_size),
-               "--memory-child", job, str(count)]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"memory child {job} failed: {done.stderr.strip()[-2000:]}")
-        out[job] = json.loads(done.stdout.strip().splitlines()[-1])
-    return out
+    return {job: run_memory_child(__file__, shape_flag, job, count, batch_size, threads) for job in ("fp", "gptq pass")}
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
