@@ -140,3 +140,11 @@ def test_gptq_beats_round_to_nearest_on_the_model(esm2_plain, seqs):
 def test_gptq_without_calibration_is_one_clear_error(esm2):
     with pytest.raises(InputError, match="GPTQ and needs calibration"):
         pp.quantize(esm2, "w4-gptq")
+
+
+@pytest.mark.parametrize("name", ["w8a8-smoothquant", "w4-gptq", "w8a8-fp8"])
+def test_esmfold_baselines_infer_without_nan(esmfold, seqs, name):
+    q = pp.quantize(esmfold, name, calibration=seqs[:2], batch_size=2, num_recycles=0)
+    assert {"esm", "trunk"} <= {s.group for s in q.ptq_state.sites}
+    out = q.infer(seqs[1])
+    assert torch.isfinite(out["positions"]).all() and torch.isfinite(out["plddt"]).all()
