@@ -27,6 +27,8 @@ from ptq_protein.presets import resolve_config
 from ptq_protein.nn.qparams import activation_quantizer, needs_calibration
 from ptq_protein.report import build_report
 from ptq_protein.calibration.sites import Site, discover_sites, select_sites
+from ptq_protein.transforms.gptq_pass import gptq_model_
+from ptq_protein.transforms.smoothquant import smooth_model_
 
 __all__ = ["quantize", "QuantState", "CalibrationInfo", "resolve_calibration"]
 
@@ -69,10 +71,16 @@ def _sequences_sha(seqs: Sequence[str]) -> str:
     return digest.hexdigest()
 
 
-def resolve_calibration(calibration: CalibrationArg) -> tuple:
+def _why_calibration(cfg: QuantConfig, static_sites: Sequence[Site]) -> str:
+    reasons = (["static activations"] if static_sites else []) + (["SmoothQuant"] if cfg.smoothquant else []) + \
+        (["GPTQ"] if cfg.gptq else [])
+    return " and ".join(reasons)
+
+
+def resolve_calibration(calibration: CalibrationArg, why: str = "static activations") -> tuple:
     """(name, sequences) from a FASTA path, a set spec (``casp14:50``), or a list."""
     if calibration is None:
-        raise InputError("this recipe has static activations and needs calibration sequences: pass calibration= "
+        raise InputError(f"this recipe has {why} and needs calibration sequences: pass calibration= "
                          "(a FASTA path, a bundled set such as 'casp14:50', or a list of sequences)")
     if isinstance(calibration, (str, Path)):
         text = str(calibration)
@@ -143,14 +151,25 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     act_sites = [s for s in chosen if cfg.activations is not None]
     # MATMUL sub-sites (operands of each product) are discovered by calibration, so they always calibrate.
     static_sites = [s for s in act_sites if needs_calibration(cfg.activations) or s.kind is SiteKind.MATMUL]
-    calib_info, stats = None, {}
-    if static_sites:
-        name, seqs = resolve_calibration(calibration)
+    calib_info, stats, seqs = None, {}, []
+    extra = {"num_recycles": num_recycles} if num_recycles is not None else {}
+    if static_sites or cfg.smoothquant is not None or cfg.gptq is not None:
+        name, seqs = resolve_calibration(calibration, why=_why_calibration(cfg, static_sites))
         seqs = [_crop(s, calib_max_length) for s in adapter.validate(seqs, where="calibration")]
-        extra = {"num_recycles": num_recycles} if num_recycles is not None else {}
+        calib_info = CalibrationInfo(name, len(seqs), _sequences_sha(seqs))
+    linear_names = [s.name for s in chosen if s.kind is SiteKind.LINEAR]
+    if cfg.smoothquant is not None:
+        smooth_model_(qmodel, adapter, seqs, cfg.smoothquant, linears=set(linear_names), batch_size=batch_size,
+                      forward_kwargs=extra)
+    originals = {n: qmodel.get_submodule(n).weight for n in linear_names}
+    weight_codes = {}
+    if cfg.gptq is not None:
+        originals = {n: w.detach().clone() for n, w in originals.items()}  # GPTQ overwrites the copy's weights
+        weight_codes = gptq_model_(qmodel, adapter, linear_names, cfg.weights, cfg.gptq, seqs,
+                                   batch_size=batch_size, forward_kwargs=extra)
+    if static_sites:
         stats = calibrate(qmodel, adapter, static_sites, _specs_for(static_sites, cfg), seqs,
                           batch_size=batch_size, progress=progress, forward_kwargs=extra)
-        calib_info = CalibrationInfo(name, len(seqs), _sequences_sha(seqs))
     quants: Dict[str, ActQuantizer] = {}
     fp_sites = []
     for site in act_sites:
@@ -168,8 +187,7 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     if fp_sites:
         log.warning("%d site(s) never saw a residue during calibration and stay in floating point: %s",
                     len(fp_sites), ", ".join(fp_sites[:5]) + (" ..." if len(fp_sites) > 5 else ""))
-    originals = {s.name: qmodel.get_submodule(s.name).weight for s in chosen if s.kind is SiteKind.LINEAR}
-    done = swap_modules_(qmodel, {s.name: s for s in chosen}, quants, cfg)
+    done = swap_modules_(qmodel, {s.name: s for s in chosen}, quants, cfg, weight_codes)
     report = build_report(qmodel, chosen, stats, quants, cfg, originals)
     histograms = {name: st.histogram.support() for name, st in stats.items() if st.count}
     qmodel.ptq_state = QuantState(cfg, adapter.family, chosen, done, calib_info, report, fp_sites, histograms)

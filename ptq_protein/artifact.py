@@ -2,7 +2,8 @@
 
 Layout of an artifact folder::
 
-    model.safetensors   integer weight codes (int8; <=4-bit packed two per byte as uint8),
+    model.safetensors   integer weight codes (int8; <=4-bit packed two per byte as uint8; FP8
+                        recipes store float8_e4m3fn / float8_e5m2 codes, safetensors' F8 types),
                         their scales / zero points, activation scales / zero points /
                         PWLQ codebook tensors, and every tensor kept in floating point
     recipe.json         config, per-site quantizer specs, architecture, model source and

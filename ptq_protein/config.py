@@ -20,7 +20,10 @@ __all__ = [
     "BreakpointMethod",
     "SiteKind",
     "Backend",
+    "FP8Format",
     "TensorQuant",
+    "SmoothQuantSpec",
+    "GPTQSpec",
     "QuantConfig",
     "CONFIG_VERSION",
 ]
@@ -34,6 +37,14 @@ class Scheme(str, enum.Enum):
 
     UNIFORM = "uniform"
     PWLQ = "pwlq"  # piecewise-linear (Fang et al. 2020)
+    FP8 = "fp8"  # scaled 8-bit floating point (Micikevicius et al. 2022), format in TensorQuant.fp8_format
+
+
+class FP8Format(str, enum.Enum):
+    """Which 8-bit float: E4M3 (more precision, max 448) or E5M2 (more range, max 57344)."""
+
+    E4M3 = "e4m3"
+    E5M2 = "e5m2"
 
 
 class Granularity(str, enum.Enum):
@@ -106,10 +117,11 @@ class TensorQuant:
     breakpoint_method: BreakpointMethod = BreakpointMethod.MSE
     breakpoints: int = 1
     runtime_breakpoints: bool = False
+    fp8_format: FP8Format = FP8Format.E4M3
 
     def __post_init__(self) -> None:
-        for name, cls in (("scheme", Scheme), ("granularity", Granularity),
-                          ("range_method", RangeMethod), ("breakpoint_method", BreakpointMethod)):
+        for name, cls in (("scheme", Scheme), ("granularity", Granularity), ("range_method", RangeMethod),
+                          ("breakpoint_method", BreakpointMethod), ("fp8_format", FP8Format)):
             object.__setattr__(self, name, _enum(cls, getattr(self, name)))
         if isinstance(self.bits, bool) or not isinstance(self.bits, int):
             raise TypeError(f"bits must be an integer, got {self.bits!r}")
@@ -129,23 +141,91 @@ class TensorQuant:
             raise ValueError("piecewise-linear quantization is per-tensor here; use granularity='per_tensor'")
         if self.runtime_breakpoints and self.scheme is not Scheme.PWLQ:
             raise ValueError("runtime_breakpoints only applies to scheme='pwlq'")
+        if self.scheme is Scheme.FP8 and (self.bits != 8 or not self.symmetric):
+            raise ValueError(f"scheme='fp8' is an 8-bit symmetric float format (got bits={self.bits}, "
+                             f"symmetric={self.symmetric}); use bits=8, symmetric=True")
 
     def to_dict(self) -> Dict[str, Any]:
         return {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in dataclasses.asdict(self).items()}
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "TensorQuant":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown quantizer fields {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**data)
+        return _from_dict(cls, data, "quantizer")
 
     def describe(self) -> str:
         """Short human label, e.g. ``8-bit pwlq per_tensor static``."""
         mode = "dynamic" if self.dynamic else "static"
         sym = "sym" if self.symmetric else "asym"
-        return f"{self.bits}-bit {self.scheme.value} {sym} {self.granularity.value} {mode}"
+        scheme = f"fp8-{self.fp8_format.value}" if self.scheme is Scheme.FP8 else self.scheme.value
+        return f"{self.bits}-bit {scheme} {sym} {self.granularity.value} {mode}"
+
+
+def _from_dict(cls, data: Dict[str, Any], what: str):
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"unknown {what} fields {sorted(unknown)}; known: {sorted(known)}")
+    return cls(**data)
+
+
+@dataclass(frozen=True)
+class SmoothQuantSpec:
+    """SmoothQuant (Xiao et al. 2023): migrate activation outliers into the weights before quantizing.
+
+    Each LayerNorm -> Linear pair the adapter knows gets per-input-channel factors
+    ``s_j = max|X_j|^alpha / max|W_j|^(1 - alpha)``: the LayerNorm's weight and bias
+    are divided by ``s``, the Linear's weight columns multiplied by it, so the float
+    model computes the same function with flatter activations.
+    """
+
+    alpha: float = 0.5
+    min_factor: float = 1e-5  # floor of s (and of the maxima), so dead channels do not divide by zero
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"smoothquant alpha={self.alpha} must be in [0, 1] (0.5 is the paper's default)")
+        if not self.min_factor > 0:
+            raise ValueError(f"smoothquant min_factor={self.min_factor} must be positive")
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "SmoothQuantSpec":
+        return _from_dict(cls, data, "smoothquant")
+
+
+@dataclass(frozen=True)
+class GPTQSpec:
+    """GPTQ (Frantar et al. 2023): weights quantized column by column with Hessian-based error feedback.
+
+    ``damp`` is the dampening added to the Hessian's diagonal as a fraction of its
+    mean; ``act_order`` processes columns by descending Hessian diagonal;
+    ``block_size`` is the lazy-update block. ``group_size`` -1 gives one scale per
+    output channel, the codes the int8/int4 kernels and the artifact format run;
+    the math in :mod:`ptq_protein.quant.gptq` supports groups, quantized models do not yet.
+    """
+
+    damp: float = 0.01
+    act_order: bool = True
+    block_size: int = 128
+    group_size: int = -1
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.damp < 1.0:
+            raise ValueError(f"gptq damp={self.damp} must be in (0, 1) (0.01 is the paper's default)")
+        if self.block_size < 1:
+            raise ValueError(f"gptq block_size={self.block_size} must be at least 1")
+        if self.group_size != -1:
+            raise ValueError(f"gptq group_size={self.group_size}: grouped scales are not supported by the int8/int4 "
+                             "kernels or the artifact format yet; use group_size=-1 (one scale per output channel)")
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "GPTQSpec":
+        return _from_dict(cls, data, "gptq")
 
 
 _DEFAULT_EXCLUDE = ()  # heads are kept FP by the adapters' own rules, not by globs
@@ -171,6 +251,8 @@ class QuantConfig:
     exclude: Tuple[str, ...] = _DEFAULT_EXCLUDE
     quantize_heads: bool = False
     backend: Backend = Backend.FAKE
+    smoothquant: Optional[SmoothQuantSpec] = None
+    gptq: Optional[GPTQSpec] = None
     name: str = "custom"
     version: int = CONFIG_VERSION
 
@@ -191,8 +273,29 @@ class QuantConfig:
                 object.__setattr__(self, name, TensorQuant.from_dict(value))
             elif value is not None and not isinstance(value, TensorQuant):
                 raise TypeError(f"{name} must be a TensorQuant, a dict or None, got {type(value).__name__}")
+        for name, cls in (("smoothquant", SmoothQuantSpec), ("gptq", GPTQSpec)):
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                object.__setattr__(self, name, cls.from_dict(value))
+            elif value is not None and not isinstance(value, cls):
+                raise TypeError(f"{name} must be a {cls.__name__}, a dict or None, got {type(value).__name__}")
+        if self.gptq is not None and (self.weights is None or self.weights.scheme is not Scheme.UNIFORM
+                                      or not self.weights.symmetric
+                                      or self.weights.granularity is not Granularity.PER_CHANNEL):
+            raise ValueError("gptq needs symmetric per-channel uniform weights (weights=TensorQuant(bits=4 or 8, "
+                             "granularity='per_channel', symmetric=True)); drop gptq or change the weights")
         if self.weights is not None and (self.weights.dynamic or self.weights.granularity is Granularity.PER_TOKEN):
             raise ValueError("weights are quantized once from their own values: use per_tensor or per_channel, not dynamic/per_token")
+        fp8 = [n for n in ("weights", "activations") if getattr(self, n) is not None
+               and getattr(self, n).scheme is Scheme.FP8]
+        acts = self.activations
+        if self.backend is Backend.INT8 and acts is not None and acts.granularity is Granularity.PER_CHANNEL:
+            raise ValueError("backend 'int8' cannot run per-channel activation scales (a scale along the summed "
+                             "dimension does not factor out of an integer GEMM); use backend='fake', or per_tensor / "
+                             "per_token activations")
+        if self.backend is Backend.INT8 and fp8:
+            raise ValueError(f"backend 'int8' runs integer codes, but the {' and '.join(fp8)} of recipe {self.name!r} "
+                             "are FP8; run FP8 with backend='fake' (exact float8 simulation)")
         if self.version != CONFIG_VERSION:
             raise ValueError(f"config version {self.version} is not supported (this is version {CONFIG_VERSION}); re-quantize with this release")
 
@@ -211,6 +314,8 @@ class QuantConfig:
             "exclude": list(self.exclude),
             "quantize_heads": self.quantize_heads,
             "backend": self.backend.value,
+            "smoothquant": None if self.smoothquant is None else self.smoothquant.to_dict(),
+            "gptq": None if self.gptq is None else self.gptq.to_dict(),
         }
 
     @classmethod
@@ -229,5 +334,7 @@ class QuantConfig:
 
     def describe(self) -> str:
         w = "FP" if self.weights is None else self.weights.describe()
+        w += " (GPTQ)" if self.gptq is not None else ""
         a = "FP" if self.activations is None else self.activations.describe()
+        a += f" (SmoothQuant alpha={self.smoothquant.alpha})" if self.smoothquant is not None else ""
         return f"{self.name}: weights {w}; activations {a}; sites {','.join(k.value for k in self.kinds)}"

@@ -35,8 +35,9 @@ def asymmetry(lo: float, hi: float) -> float:
 
 
 def _histogram_sqnr(stats, quant: ActQuantizer) -> Optional[float]:
-    if not quant.is_static:
-        return None
+    scale = getattr(quant, "scale", None)
+    if not quant.is_static or (scale is not None and scale.dim() > 0):
+        return None  # dynamic, or per-channel parameters: the pooled histogram has no channel axis
     counts, edges = stats.histogram.support()
     centers = 0.5 * (edges[1:] + edges[:-1])
     if counts.sum() <= 0:

@@ -269,17 +269,20 @@ def memory_child(shape: ModelShape, preset: str, count: int, batch_size: int, th
     return {"rss_before_kib": before, "peak_kib": peak, "peak_reset": reset}
 
 
+def run_memory_child(script: str, shape_flag: List[str], job: str, count: int, batch_size: int,
+                     threads: int) -> dict:
+    """``script --memory-child JOB COUNT`` in a fresh interpreter; the JSON dict it prints last."""
+    cmd = [sys.executable, script, *shape_flag, "--threads", str(threads), "--batch-size", str(batch_size),
+           "--memory-child", job, str(count)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"memory child {job} x {count} failed: {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def bench_memory(shape_flag: List[str], preset: str, sizes: Sequence[int], batch_size: int, threads: int) -> Dict[int, dict]:
     """Run :func:`memory_child` in a fresh interpreter per size."""
-    out = {}
-    for count in sizes:
-        cmd = [sys.executable, __file__, *shape_flag, "--threads", str(threads), "--batch-size", str(batch_size),
-               "--memory-child", preset, str(count)]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"memory child {preset} x {count} failed: {done.stderr.strip()[-2000:]}")
-        out[count] = json.loads(done.stdout.strip().splitlines()[-1])
-    return out
+    return {count: run_memory_child(__file__, shape_flag, preset, count, batch_size, threads) for count in sizes}
 
 
 # --- report ----------------------------------------------------------------------

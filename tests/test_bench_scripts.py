@@ -60,3 +60,12 @@ def test_bench_artifact_size_quick_round_trips_bit_identically(capsys):
     # the tiny model is embedding-dominated, so only the ordering is structural: W4 < W8 < fp32
     assert ratios["w4-only"] < ratios["w8-only"] < 1.0
     assert ratios["w4a8-pwlq"] < ratios["w8a8-pwlq"] < 1.0
+
+
+def test_bench_gptq_quick_prints_both_tables(capsys):
+    assert _load("bench_gptq").main(["--quick", "--reps", "1", "--calib-seqs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "`python scripts/bench_gptq.py --quick --reps 1 --calib-seqs 2`" in out
+    (row,) = _table_rows(out, "gptq pass |")
+    assert float(row[1]) > 0 and re.fullmatch(r"\d+\.\dx", row[2])
+    assert len(_table_rows(out, "gptq pass")) == 2  # time and memory tables

@@ -52,6 +52,10 @@ class ModelAdapter:
     head_globs: Tuple[str, ...] = ()
     max_residues: Optional[int] = ESM2_MAX_RESIDUES
     layout: str = "BT"  # layout of the LM's hidden states: "BT" (batch first) or "TB"
+    # (LayerNorm, Linears reading only its output), relative to their common parent module: the
+    # pairs SmoothQuant may fold smoothing factors into. A pair that is wrong here breaks the float
+    # model's equivalence, which tests/transforms/test_smoothquant.py checks on every family.
+    norm_linear_pairs: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -70,6 +74,20 @@ class ModelAdapter:
     def calibration_mode(self, model: nn.Module) -> Iterator[None]:
         """Settings that keep activation shapes whole during calibration (no chunking)."""
         yield
+
+    def smoothing_pairs(self, model: nn.Module) -> List[Tuple[str, Tuple[str, ...]]]:
+        """``[(layernorm name, (linear names, ...))]`` of ``model``, in module order."""
+        modules = dict(model.named_modules())
+        pairs = []
+        for name in modules:
+            for norm, linears in self.norm_linear_pairs:
+                if name != norm and not name.endswith("." + norm):
+                    continue
+                parent = name[:len(name) - len(norm)]
+                names = tuple(parent + lin for lin in linears)
+                if all(isinstance(modules.get(n), nn.Linear) for n in names):
+                    pairs.append((name, names))
+        return pairs
 
     # -- inputs ----------------------------------------------------------------------
     def validate(self, sequences: Sequence[str], where: str = "calibration") -> List[str]:
@@ -114,6 +132,20 @@ def _esm_tokens(sequences: Sequence[str]) -> Tuple[torch.Tensor, torch.Tensor]:
 
 _ALPHABET = None
 
+# transformers' EsmLayer: attention.LayerNorm -> q/k/v, LayerNorm -> intermediate.dense
+_HF_ESM_PAIRS = (("attention.LayerNorm", ("attention.self.query", "attention.self.key", "attention.self.value")),
+                 ("LayerNorm", ("intermediate.dense",)))
+# transformers' ESMFold trunk block (EsmFoldTriangularSelfAttentionBlock and its parts)
+_ESMFOLD_TRUNK_PAIRS = (
+    ("layernorm_1", ("seq_attention.proj", "seq_attention.g_proj")),
+    ("sequence_to_pair.layernorm", ("sequence_to_pair.proj",)),
+    ("pair_to_sequence.layernorm", ("pair_to_sequence.linear",)),
+    ("layer_norm_in", ("linear_a_p", "linear_a_g", "linear_b_p", "linear_b_g", "linear_g")),  # tri_mul_*
+    ("layer_norm_out", ("linear_z",)),
+    ("layer_norm", ("linear", "mha.linear_q", "mha.linear_k", "mha.linear_v", "mha.linear_g")),  # tri_att_*
+    ("mlp.0", ("mlp.1",)),  # mlp_seq / mlp_pair
+)
+
 
 def _esm_alphabet():
     global _ALPHABET
@@ -130,6 +162,8 @@ class FairEsmAdapter(ModelAdapter):
     family = "fair-esm"
     head_globs = ("lm_head*", "contact_head*", "embed_tokens*", "embed_positions*")
     layout = "TB"
+    norm_linear_pairs = (("self_attn_layer_norm", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+                         ("final_layer_norm", ("fc1",)))
 
     def prepare(self, model: nn.Module) -> None:
         # ESM-1b's MultiheadAttention takes F.multi_head_attention_forward, which reads
@@ -163,6 +197,7 @@ class HFEsmAdapter(ModelAdapter):
     """transformers ``EsmModel`` / ``EsmForMaskedLM``: batch-first hidden states."""
 
     family = "hf-esm"
+    norm_linear_pairs = _HF_ESM_PAIRS
     head_globs = ("lm_head*", "esm.contact_head*", "contact_head*", "esm.embeddings*", "embeddings*", "pooler*",
                   "classifier*")
 
@@ -181,6 +216,7 @@ class HFEsmFoldAdapter(ModelAdapter):
 
     family = "hf-esmfold"
     groups = ("esm", "trunk", "structure")
+    norm_linear_pairs = _HF_ESM_PAIRS + _ESMFOLD_TRUNK_PAIRS
     head_globs = ("distogram_head*", "ptm_head*", "lm_head*", "lddt_head*", "esm.contact_head*",
                   "esm.embeddings*", "embedding", "trunk.pairwise_positional_embedding*", "trunk.recycle_disto*",
                   "esm_s_combine*")

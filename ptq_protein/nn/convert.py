@@ -22,14 +22,15 @@ __all__ = ["swap_modules_", "set_module"]
 
 
 def build_quant_linear(linear: nn.Linear, config: QuantConfig, input_quant: Optional[ActQuantizer],
-                       quantize_weights: bool = True) -> QuantLinear:
+                       quantize_weights: bool = True, weight_q: Optional[Dict[str, torch.Tensor]] = None) -> QuantLinear:
+    """``weight_q``: codes and parameters already chosen (GPTQ) instead of rounding to nearest here."""
     spec = config.weights if quantize_weights else None
     weight = linear.weight.detach()
     kwargs = dict(weight=None, weight_codes=None, weight_scale=None, weight_zero_point=None, weight_codebook=None)
     if spec is None:
         kwargs["weight"] = weight
     else:
-        kwargs.update(quantize_weight(weight, spec))
+        kwargs.update(weight_q if weight_q is not None else quantize_weight(weight, spec))
     return QuantLinear(linear.in_features, linear.out_features, weight_spec=spec,
                        bias=None if linear.bias is None else linear.bias.detach(), input_quant=input_quant,
                        backend=config.backend, **kwargs)
@@ -37,13 +38,16 @@ def build_quant_linear(linear: nn.Linear, config: QuantConfig, input_quant: Opti
 
 @torch.no_grad()
 def swap_modules_(model: nn.Module, sites: Dict[str, Site], input_quants: Dict[str, ActQuantizer],
-                  config: QuantConfig) -> Dict[str, str]:
+                  config: QuantConfig, weight_codes: Optional[Dict[str, Dict[str, torch.Tensor]]] = None
+                  ) -> Dict[str, str]:
     """Swap modules in place; returns {site name: what was done} for the report.
 
     ``input_quants`` holds the calibrated (or dynamic) quantizer of each site
     whose input is quantized; a Linear site without one keeps FP inputs.
+    ``weight_codes`` holds weight codes chosen by an earlier pass (GPTQ), by site.
     """
     done: Dict[str, str] = {}
+    weight_codes = weight_codes or {}
     for name, site in sites.items():
         module = model.get_submodule(name)
         quant = input_quants.get(name)
@@ -56,7 +60,7 @@ def swap_modules_(model: nn.Module, sites: Dict[str, Site], input_quants: Dict[s
             if config.weights is not None and not torch.isfinite(module.weight).all():
                 raise InputError(f"site {name}: its weight holds NaN or Inf values, which cannot be quantized; "
                                  "fix the checkpoint, or exclude the site (QuantConfig exclude=[...])")
-            new = build_quant_linear(module, config, quant).to(device)
+            new = build_quant_linear(module, config, quant, weight_q=weight_codes.get(name)).to(device)
             set_module(model, name, new)
             done[name] = "linear" + (" W" if config.weights is not None else "") + (" A" if quant is not None else "")
         elif site.kind is SiteKind.LAYERNORM and quant is not None:

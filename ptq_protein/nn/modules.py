@@ -22,6 +22,7 @@ from ptq_protein.config import Backend, Granularity, Scheme, TensorQuant
 from ptq_protein.nn.fused import fused_call, padded_regions, piecewise_fake, uniform_fake
 from ptq_protein.quant.codebook import PiecewiseCodebook, pwlq_dequantize, pwlq_quantize
 from ptq_protein.quant.fit import pwlq_codebook_for_values
+from ptq_protein.quant.fp8 import fp8_dequantize, fp8_fake_quantize, fp8_per_token, fp8_quantize, fp8_scale
 from ptq_protein.quant.uniform import choose_qparams, dequantize, dynamic_per_token, qrange, quantize
 
 __all__ = ["ActQuantizer", "QuantLinear", "QuantInput"]
@@ -44,7 +45,8 @@ class ActQuantizer(nn.Module):
     """Quantizer of one activation site.
 
     Static uniform: ``scale``/``zero_point`` buffers (scalar, or [C] per channel).
-    Static PWLQ: a :class:`PiecewiseCodebook`. Dynamic: parameters from each tensor.
+    Static PWLQ: a :class:`PiecewiseCodebook`. Static FP8: ``scale`` (zero point 0).
+    Dynamic: parameters from each tensor.
     """
 
     def __init__(self, spec: TensorQuant, scale: Optional[torch.Tensor] = None,
@@ -52,9 +54,9 @@ class ActQuantizer(nn.Module):
         super().__init__()
         self.spec = spec
         self.codebook = codebook
-        if spec.scheme is Scheme.UNIFORM and not spec.dynamic:
+        if spec.scheme in (Scheme.UNIFORM, Scheme.FP8) and not spec.dynamic:
             if scale is None or zero_point is None:
-                raise ValueError("a static uniform activation quantizer needs scale and zero_point")
+                raise ValueError(f"a static {spec.scheme.value} activation quantizer needs scale and zero_point")
             self.register_buffer("scale", scale.detach().to(torch.float32).clone())
             self.register_buffer("zero_point", zero_point.detach().to(torch.int32).clone())
         if spec.scheme is Scheme.PWLQ and not spec.runtime_breakpoints and codebook is None:
@@ -83,6 +85,8 @@ class ActQuantizer(nn.Module):
         if spec.scheme is Scheme.PWLQ:
             cb = self.codebook if self.is_static else self._dynamic_codebook(x)
             return pwlq_quantize(x, cb), ("pwlq", cb)
+        if spec.scheme is Scheme.FP8:
+            return self._encode_fp8(x)
         if not spec.dynamic:
             return quantize(x, self.scale, self.zero_point, spec.bits, spec.symmetric), \
                 ("uniform", self.scale, self.zero_point)
@@ -93,10 +97,24 @@ class ActQuantizer(nn.Module):
         scale, zp = choose_qparams(lo, hi, spec.bits, spec.symmetric)
         return quantize(x, scale, zp, spec.bits, spec.symmetric), ("uniform", scale, zp)
 
+    def _encode_fp8(self, x: torch.Tensor):
+        """FP8 codes (a ``torch.float8_*`` tensor) and ``("fp8", scale)``."""
+        fmt = self.spec.fp8_format
+        if not self.spec.dynamic:
+            return fp8_quantize(x, self.scale, fmt), ("fp8", self.scale)
+        if self.spec.granularity is Granularity.PER_TOKEN:
+            codes, scale = fp8_per_token(x, fmt)
+            return codes, ("fp8", scale)
+        finite = x.detach().float().nan_to_num(0.0, posinf=0.0, neginf=0.0)
+        scale = fp8_scale(finite.abs().amax(), fmt)
+        return fp8_quantize(x, scale, fmt), ("fp8", scale)
+
     @staticmethod
     def decode(codes: torch.Tensor, params) -> torch.Tensor:
         if params[0] == "pwlq":
             return pwlq_dequantize(codes, params[1])
+        if params[0] == "fp8":
+            return fp8_dequantize(codes, params[1])
         return dequantize(codes, params[1], params[2])
 
     def _region_table(self, device: torch.device):
@@ -118,6 +136,8 @@ class ActQuantizer(nn.Module):
         NaN propagates through round/clamp by itself. Large tensors go through one
         fused compiled loop (:mod:`ptq_protein.nn.fused`), small ones run eagerly.
         """
+        if self.spec.scheme is Scheme.FP8:  # the float8 cast is the rounding: nothing to fuse
+            return fp8_fake_quantize(x, self.scale, self.spec.fp8_format)
         xf = x if x.dtype == torch.float64 else x.to(torch.float32)
         if self.spec.scheme is Scheme.PWLQ:
             thresholds, table = self._region_table(xf.device)
@@ -171,7 +191,8 @@ class QuantLinear(nn.Module):
     """``nn.Linear`` with integer weight codes and an optional input quantizer.
 
     Weight codes are int8 ``[N, K]`` (4-bit codes are kept unpacked here and packed
-    two per byte in artifacts and for the W4A8 kernel); ``weight_scale`` [N] f32.
+    two per byte in artifacts and for the W4A8 kernel), or ``torch.float8_*`` for
+    FP8 weights; ``weight_scale`` [N] f32.
     """
 
     def __init__(self, in_features: int, out_features: int, *, weight: Optional[torch.Tensor],
@@ -187,7 +208,8 @@ class QuantLinear(nn.Module):
         if weight_spec is None:
             self.weight = nn.Parameter(weight.detach().clone(), requires_grad=False)
         else:
-            self.register_buffer("weight_codes", weight_codes.detach().to(torch.int8).clone())
+            code_type = weight_codes.dtype if weight_spec.scheme is Scheme.FP8 else torch.int8
+            self.register_buffer("weight_codes", weight_codes.detach().to(code_type).clone())
             if weight_codebook is None:
                 self.register_buffer("weight_scale", weight_scale.detach().to(torch.float32).reshape(-1, 1).clone())
                 self.register_buffer("weight_zero_point",
@@ -206,6 +228,8 @@ class QuantLinear(nn.Module):
         if cached is None or cached.dtype != dtype or cached.device != self.weight_codes.device:
             if self.weight_codebook is not None:
                 w = pwlq_dequantize(self.weight_codes, self.weight_codebook)
+            elif self.weight_spec.scheme is Scheme.FP8:
+                w = fp8_dequantize(self.weight_codes, self.weight_scale)
             else:
                 w = dequantize(self.weight_codes, self.weight_scale, self.weight_zero_point)
             cached = w.to(dtype)
@@ -215,7 +239,7 @@ class QuantLinear(nn.Module):
     def _apply(self, fn, recurse=True):  # device/dtype moves invalidate the caches
         self._dequantized = None
         self._int_cache = {}
-        return _apply_keeping_float32(self, ("weight_scale",), fn, recurse)
+        return _apply_keeping_float32(self, ("weight_scale", "weight_codes"), fn, recurse)  # FP8 codes stay FP8
 
     # -- forward ---------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:

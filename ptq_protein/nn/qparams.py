@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from ptq_protein.config import Scheme, TensorQuant
 from ptq_protein.nn.modules import ActQuantizer
-from ptq_protein.quant.fit import (calibrated_range, needs_calibration, pwlq_codebook_for_values, pwlq_from_range,
-                                   quantize_weight)
+import torch
+
+from ptq_protein.quant.fit import (calibrated_range, fp8_activation_scale, needs_calibration, pwlq_codebook_for_values,
+                                   pwlq_from_range, quantize_weight)
 from ptq_protein.quant.uniform import choose_qparams
 
 __all__ = ["needs_calibration", "quantize_weight", "activation_quantizer", "pwlq_codebook_for_values",
@@ -21,6 +23,9 @@ def activation_quantizer(spec: TensorQuant, stats=None) -> ActQuantizer:
     """The quantizer of one activation site: calibrated from ``stats`` when static."""
     if not needs_calibration(spec):
         return ActQuantizer(spec)
+    if spec.scheme is Scheme.FP8:
+        scale = fp8_activation_scale(stats, spec)
+        return ActQuantizer(spec, scale=scale, zero_point=torch.zeros(scale.shape, dtype=torch.int32))
     lo, hi = calibrated_range(stats, spec)
     if spec.scheme is Scheme.PWLQ:
         cb = pwlq_from_range(float(lo.min()), float(hi.max()), float(stats.moments.std()), spec, stats.histogram)

@@ -22,11 +22,12 @@ from ptq_protein.quant.breakpoint_search import search_pwlq
 from ptq_protein.quant.histogram import HistogramObserver
 from ptq_protein.quant.ranges import mse_uniform_range
 from ptq_protein.quant.codebook import PiecewiseCodebook, pwlq_quantize
+from ptq_protein.quant.fp8 import fp8_quantize, fp8_scale
 from ptq_protein.quant.pwlq import asymmetric_pwlq, symmetric_pwlq
 from ptq_protein.quant.uniform import choose_qparams, per_channel_minmax, quantize
 
 __all__ = ["needs_calibration", "quantize_weight", "pwlq_codebook_for_values", "pwlq_from_range",
-           "calibrated_range"]
+           "calibrated_range", "fp8_activation_scale"]
 
 # Smallest side magnitude relative to the other side, so a one-sided range still
 # gives PWLQ a valid (tiny) opposite side instead of a zero-width one.
@@ -73,6 +74,10 @@ def quantize_weight(weight: torch.Tensor, spec: TensorQuant) -> Dict[str, Any]:
     else:
         lo, hi = torch.aminmax(w)
         lo, hi = lo.expand(w.shape[0], 1), hi.expand(w.shape[0], 1)
+    if spec.scheme is Scheme.FP8:
+        scale = fp8_scale(torch.maximum(lo.abs(), hi.abs()), spec.fp8_format)
+        return {"weight_codes": fp8_quantize(w, scale, spec.fp8_format), "weight_scale": scale,
+                "weight_zero_point": torch.zeros(scale.shape, dtype=torch.int32)}
     scale, zp = choose_qparams(lo, hi, spec.bits, spec.symmetric)
     codes = quantize(w, scale, zp, spec.bits, spec.symmetric)
     return {"weight_codes": codes.to(torch.int8) if spec.bits <= 8 else codes, "weight_scale": scale,
@@ -139,3 +144,11 @@ def pwlq_codebook_for_values(values: torch.Tensor, spec: TensorQuant) -> Piecewi
         hist = HistogramObserver()
         hist.update(finite)
     return pwlq_from_range(lo, hi, std, spec, hist)
+
+
+def fp8_activation_scale(stats, spec: TensorQuant) -> torch.Tensor:
+    """Static FP8 scale of a site: its calibrated absolute maximum onto the format's maximum (scalar or [C])."""
+    lo, hi = calibrated_range(stats, spec)
+    amax = torch.maximum(torch.as_tensor(lo).abs(), torch.as_tensor(hi).abs()).to(torch.float32).reshape(-1)
+    scale = fp8_scale(amax, spec.fp8_format)
+    return scale.reshape(()) if scale.numel() == 1 else scale

@@ -21,7 +21,7 @@ from ptq_protein.config import (
 __all__ = ["PRESETS", "DOCS"]
 
 
-def _weights(bits: int) -> TensorQuant:
+def per_channel_weights(bits: int) -> TensorQuant:
     return TensorQuant(bits=bits, granularity=Granularity.PER_CHANNEL, symmetric=True)
 
 
@@ -30,7 +30,7 @@ def _uniform_acts(bits: int) -> TensorQuant:
     return TensorQuant(bits=bits, scheme=Scheme.UNIFORM, symmetric=True, range_method=RangeMethod.TOPK)
 
 
-def _pwlq_acts(bits: int) -> TensorQuant:
+def pwlq_acts(bits: int) -> TensorQuant:
     # Asymmetric PWLQ: negative and positive sides get their own range and breakpoint,
     # which is what the one-sided pre-LayerNorm outliers need. Breakpoints (and the
     # centre/tail code split) come from an MSE search on the calibration histogram over
@@ -43,17 +43,24 @@ _LINEAR_LN = (SiteKind.LINEAR, SiteKind.LAYERNORM)
 
 PRESETS: Dict[str, QuantConfig] = {
     "fp": QuantConfig(weights=None, activations=None, kinds=(), name="fp"),
-    "w8a8-uniform": QuantConfig(weights=_weights(8), activations=_uniform_acts(8), kinds=_LINEAR_LN, name="w8a8-uniform"),
-    "w8a8-pwlq": QuantConfig(weights=_weights(8), activations=_pwlq_acts(8), kinds=_LINEAR_LN, name="w8a8-pwlq"),
+    "w8a8-uniform": QuantConfig(weights=per_channel_weights(8), activations=_uniform_acts(8), kinds=_LINEAR_LN, name="w8a8-uniform"),
+    "w8a8-pwlq": QuantConfig(weights=per_channel_weights(8), activations=pwlq_acts(8), kinds=_LINEAR_LN, name="w8a8-pwlq"),
     "a8-uniform": QuantConfig(weights=None, activations=_uniform_acts(8), kinds=_LINEAR_LN, name="a8-uniform"),
-    "a8-pwlq": QuantConfig(weights=None, activations=_pwlq_acts(8), kinds=_LINEAR_LN, name="a8-pwlq"),
-    "w8-only": QuantConfig(weights=_weights(8), activations=None, kinds=(SiteKind.LINEAR,), name="w8-only"),
-    "w4-only": QuantConfig(weights=_weights(4), activations=None, kinds=(SiteKind.LINEAR,), name="w4-only"),
-    "w4a8-pwlq": QuantConfig(weights=_weights(4), activations=_pwlq_acts(8), kinds=_LINEAR_LN, name="w4a8-pwlq"),
-    "w6a6-pwlq": QuantConfig(weights=_weights(6), activations=_pwlq_acts(6), kinds=_LINEAR_LN, name="w6a6-pwlq"),
-    "w8a8-pwlq-all": QuantConfig(weights=_weights(8), activations=_pwlq_acts(8),
+    "a8-pwlq": QuantConfig(weights=None, activations=pwlq_acts(8), kinds=_LINEAR_LN, name="a8-pwlq"),
+    "w8-only": QuantConfig(weights=per_channel_weights(8), activations=None, kinds=(SiteKind.LINEAR,), name="w8-only"),
+    "w4-only": QuantConfig(weights=per_channel_weights(4), activations=None, kinds=(SiteKind.LINEAR,), name="w4-only"),
+    "w4a8-pwlq": QuantConfig(weights=per_channel_weights(4), activations=pwlq_acts(8), kinds=_LINEAR_LN, name="w4a8-pwlq"),
+    "w6a6-pwlq": QuantConfig(weights=per_channel_weights(6), activations=pwlq_acts(6), kinds=_LINEAR_LN, name="w6a6-pwlq"),
+    "w8a8-pwlq-all": QuantConfig(weights=per_channel_weights(8), activations=pwlq_acts(8),
                                  kinds=_LINEAR_LN + (SiteKind.MATMUL,), name="w8a8-pwlq-all"),
-    "w8a8-dynamic": QuantConfig(weights=_weights(8),
+    "w8a8-uniform-per-channel": QuantConfig(
+        weights=per_channel_weights(8), kinds=_LINEAR_LN, name="w8a8-uniform-per-channel",
+        activations=TensorQuant(bits=8, granularity=Granularity.PER_CHANNEL, range_method=RangeMethod.MINMAX)),
+    "w8a8-pwlq-dynamic": QuantConfig(
+        weights=per_channel_weights(8), kinds=_LINEAR_LN, name="w8a8-pwlq-dynamic",
+        activations=TensorQuant(bits=8, scheme=Scheme.PWLQ, symmetric=False, runtime_breakpoints=True,
+                                breakpoint_method=BreakpointMethod.GAUSSIAN)),
+    "w8a8-dynamic": QuantConfig(weights=per_channel_weights(8),
                                 activations=TensorQuant(bits=8, granularity=Granularity.PER_TOKEN, dynamic=True),
                                 kinds=(SiteKind.LINEAR,), name="w8a8-dynamic"),
 }
@@ -69,5 +76,9 @@ DOCS: Dict[str, str] = {
     "w4a8-pwlq": "W4 per-channel + piecewise-linear A8",
     "w6a6-pwlq": "W6 per-channel + piecewise-linear A6",
     "w8a8-pwlq-all": "w8a8-pwlq plus the attention score/probability matmuls and the trunk's triangle einsums",
+    "w8a8-uniform-per-channel": "W8 per-channel + static per-channel symmetric uniform A8 (min-max; backend='fake' "
+                                "only: a per-channel input scale does not factor out of an integer GEMM)",
+    "w8a8-pwlq-dynamic": "W8 per-channel + PWLQ A8 with range and breakpoints from each tensor at run time "
+                         "(the study's run-time variant; no calibration)",
     "w8a8-dynamic": "W8 per-channel + dynamic per-token symmetric A8 on Linear inputs (no calibration needed)",
 }

@@ -37,3 +37,9 @@ def esmfold():
 @pytest.fixture()
 def seqs():
     return list(SEQS)
+
+
+@pytest.fixture(scope="session")
+def calib_seqs():
+    """The same sequences for session/module-scoped fixtures (a tuple: nobody mutates it)."""
+    return tuple(SEQS)

@@ -1,0 +1,53 @@
+"""The methods people compare against: SmoothQuant, GPTQ and FP8, on ptq-protein's sites and kernels.
+
+* SmoothQuant (Xiao et al. 2023, arXiv:2211.10438): per-channel smoothing folded
+  into the LayerNorms, then static per-tensor A8 on Linear inputs (the paper
+  keeps LayerNorms in floating point), or PWLQ on the smoothed activations.
+* GPTQ (Frantar et al. 2023, arXiv:2210.17323): Hessian-aware W4/W8 codes, the
+  same symmetric per-channel codes the int8/int4 kernels run.
+* FP8 (Micikevicius et al. 2022, arXiv:2209.05433): E4M3 weights (per channel)
+  and activations (static per tensor), as in torchao / ModelOpt.
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+from ptq_protein.config import (FP8Format, GPTQSpec, Granularity, QuantConfig, RangeMethod, Scheme, SiteKind,
+                                SmoothQuantSpec, TensorQuant)
+from ptq_protein.recipes.ours import per_channel_weights, pwlq_acts
+
+__all__ = ["PRESETS", "DOCS"]
+
+_LINEAR = (SiteKind.LINEAR,)
+_LINEAR_LN = (SiteKind.LINEAR, SiteKind.LAYERNORM)
+# SmoothQuant's activations: static per-tensor symmetric, range = calibrated max (the paper's setting).
+_SQ_ACTS = TensorQuant(bits=8, scheme=Scheme.UNIFORM, symmetric=True, range_method=RangeMethod.MINMAX)
+_FP8 = FP8Format.E4M3
+
+PRESETS: Dict[str, QuantConfig] = {
+    "w8a8-smoothquant": QuantConfig(weights=per_channel_weights(8), activations=_SQ_ACTS, kinds=_LINEAR,
+                                    smoothquant=SmoothQuantSpec(), name="w8a8-smoothquant"),
+    "w8a8-smoothquant-pwlq": QuantConfig(weights=per_channel_weights(8), activations=pwlq_acts(8), kinds=_LINEAR_LN,
+                                         smoothquant=SmoothQuantSpec(), name="w8a8-smoothquant-pwlq"),
+    "w4a8-gptq-pwlq": QuantConfig(weights=per_channel_weights(4), activations=pwlq_acts(8), kinds=_LINEAR_LN, gptq=GPTQSpec(),
+                                  name="w4a8-gptq-pwlq"),
+    "w8a8-gptq-pwlq": QuantConfig(weights=per_channel_weights(8), activations=pwlq_acts(8), kinds=_LINEAR_LN, gptq=GPTQSpec(),
+                                  name="w8a8-gptq-pwlq"),
+    "w4-gptq": QuantConfig(weights=per_channel_weights(4), activations=None, kinds=_LINEAR, gptq=GPTQSpec(), name="w4-gptq"),
+    "w8a8-fp8": QuantConfig(
+        weights=TensorQuant(bits=8, scheme=Scheme.FP8, granularity=Granularity.PER_CHANNEL, fp8_format=_FP8),
+        activations=TensorQuant(bits=8, scheme=Scheme.FP8, range_method=RangeMethod.MINMAX, fp8_format=_FP8),
+        kinds=_LINEAR, name="w8a8-fp8"),
+}
+
+DOCS: Dict[str, str] = {
+    "w8a8-smoothquant": "SmoothQuant (alpha 0.5) + W8 per-channel + static per-tensor A8 on Linear inputs "
+                        "(Xiao et al. 2023)",
+    "w8a8-smoothquant-pwlq": "SmoothQuant, then w8a8-pwlq on the smoothed model (Linear and LayerNorm inputs)",
+    "w4a8-gptq-pwlq": "GPTQ W4 per-channel (act-order, sequential; Frantar et al. 2023) + piecewise-linear A8",
+    "w8a8-gptq-pwlq": "GPTQ W8 per-channel + piecewise-linear A8",
+    "w4-gptq": "GPTQ W4 per-channel weights only",
+    "w8a8-fp8": "FP8 E4M3: per-channel weights + static per-tensor activations on Linear inputs "
+                "(fake backend only; Micikevicius et al. 2022)",
+}

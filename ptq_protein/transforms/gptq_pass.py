@@ -1,0 +1,71 @@
+"""Sequential GPTQ over a model: each Linear calibrated on the outputs of the already-quantized layers.
+
+Sites run in forward order (sites reading the very same tensor, such as q/k/v,
+share one Hessian). For each group the calibration batches run forward until
+the group's first site is reached (:func:`~ptq_protein.calibration.hessian.input_hessian`),
+so its Hessian sees the earlier layers' quantized weights, as in the GPTQ
+reference. The site's weight is then replaced, in the model being quantized, by
+what its codes decode to. Memory holds one ``[K, K]`` Hessian at a time; the cost
+is about (number of groups / 2) forward passes over the calibration set.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Dict, Optional, Sequence
+
+import torch
+from torch import nn
+
+from ptq_protein.calibration.hessian import input_hessian, linear_call_groups
+from ptq_protein.config import GPTQSpec, TensorQuant
+from ptq_protein.models.adapters import ModelAdapter
+from ptq_protein.quant.fit import quantize_weight
+from ptq_protein.quant.gptq import gptq_quantize
+
+__all__ = ["gptq_model_"]
+
+log = logging.getLogger(__name__)
+
+
+@torch.no_grad()
+def gptq_model_(model: nn.Module, adapter: ModelAdapter, names: Sequence[str], weights: TensorQuant,
+                spec: GPTQSpec, sequences: Sequence[str], *, batch_size: int = 4,
+                forward_kwargs: Optional[dict] = None) -> Dict[str, Dict[str, torch.Tensor]]:
+    """GPTQ the Linears ``names`` of ``model`` in place; returns their codes as ``QuantLinear`` keyword arguments.
+
+    ``model``'s Linear weights become the dequantized GPTQ weights. A site that never
+    runs on the calibration set is rounded to nearest (with a warning).
+    """
+    batches = list(adapter.batches(list(sequences), batch_size))
+    if not batches:
+        raise ValueError("GPTQ needs calibration sequences (got none)")
+    model_was_training = model.training
+    model.eval()
+    try:
+        groups = linear_call_groups(model, adapter, names, batches[0], forward_kwargs)
+        out: Dict[str, Dict[str, torch.Tensor]] = {}
+        for group in groups:
+            hessian, rows = input_hessian(model, adapter, group[0], batches, forward_kwargs)
+            for name in group:
+                out[name] = _quantize_site_(model.get_submodule(name), name, hessian, weights, spec)
+            log.debug("GPTQ %s: %d residue rows", ", ".join(group), rows)
+    finally:
+        model.train(model_was_training)
+    missing = [n for n in names if n not in out]
+    if missing:
+        log.warning("GPTQ: %d Linear site(s) never ran on the calibration set and are rounded to nearest: %s",
+                    len(missing), ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else ""))
+    return out
+
+
+def _quantize_site_(linear: nn.Linear, name: str, hessian: Optional[torch.Tensor], weights: TensorQuant,
+                    spec: GPTQSpec) -> Dict[str, torch.Tensor]:
+    if hessian is None:
+        log.warning("GPTQ: %s never saw a residue; its weight is rounded to nearest", name)
+        return quantize_weight(linear.weight, weights)
+    result = gptq_quantize(linear.weight, hessian, weights.bits, damp=spec.damp, act_order=spec.act_order,
+                           block_size=spec.block_size, group_size=spec.group_size)
+    linear.weight.copy_(result.dequantize().to(linear.weight))
+    return {"weight_codes": result.codes, "weight_scale": result.scale,
+            "weight_zero_point": torch.zeros(result.scale.shape, dtype=torch.int32)}
