@@ -67,17 +67,18 @@ def cpu_facts() -> str:
             f"flags: {' '.join(present) or 'none of ' + ' '.join(CPU_FLAGS)} ({vnni})")
 
 
-def build_models(model, seqs: Sequence[str]) -> Dict[str, torch.nn.Module]:
+def build_models(model, seqs: Sequence[str], presets: Sequence[str], reference: Sequence[str]) -> Dict[str, torch.nn.Module]:
     """Every timed model; fake and reference variants are copies of the int8 ones (one calibration per preset)."""
     import ptq_protein as pp
     from ptq_protein.config import Backend
     from ptq_protein.nn.modules import QuantLinear
 
     models = {"FP32": model, "FP model in bf16": copy.deepcopy(model).to(torch.bfloat16)}
-    for preset in INT_PRESETS:
+    for preset in presets:
         fast = pp.quantize(model, preset, calibration=list(seqs), backend="int8")
         models[f"{preset}, int8 fast"] = fast
-        models[f"{preset}, int8 reference"] = pp.set_engine(copy.deepcopy(fast), "reference")
+        if preset in reference:
+            models[f"{preset}, int8 reference"] = pp.set_engine(copy.deepcopy(fast), "reference")
         if preset == "w8a8-pwlq":
             fake = copy.deepcopy(fast)
             for m in fake.modules():
@@ -166,11 +167,14 @@ def _rss_mib() -> float:
 
 def memory_child(kind: str, shape: ModelShape, artifact: str) -> Dict[str, float]:
     """RSS growth (MiB) of one loaded model after one forward, over the RSS after imports."""
-    import esm  # noqa: F401  (imported before the baseline)
+    import esm  # noqa: F401  (everything either side imports comes before the baseline)
     import ptq_protein as pp
-    from ptq_protein.models.adapters import get_adapter
-
     import ptq_protein.api  # noqa: F401
+    import ptq_protein.artifact  # noqa: F401
+    from ptq_protein.models.adapters import get_adapter
+    from ptq_protein.nn import cpu_int8, int_fast  # noqa: F401
+
+    cpu_int8.available()  # oneDNN's one-off initialisation
     base = _rss_mib()
     if kind == "fp":
         model = build_esm2(shape)[0]
@@ -218,6 +222,17 @@ def forward_rows(t: Dict[str, tuple], goals: Dict[str, float]) -> List[list]:
     return rows
 
 
+def print_memory(threads: int, quick: bool) -> None:
+    mem = bench_memory(threads, quick)
+    ratio = mem["int8"]["rss_mib"] / mem["fp"]["rss_mib"]
+    label = "2 x 64 tiny" if quick else "ESM-2 150M-sized (30 x 640)"
+    print(f"## Resident memory, {label}, loaded w8a8-pwlq artifact vs FP (after one forward)\n")
+    print(markdown_table(["model", "RSS growth MiB", "weights in state_dict MiB", "engine"],
+                         [[k, round(v["rss_mib"], 1), round(v["state_dict_weight_mib"], 1), v["engine"] or "-"]
+                          for k, v in mem.items()]))
+    print(f"\nint8 / FP resident: {ratio:.2f}x (goal <= {GOAL_MEMORY}x: {'met' if ratio <= GOAL_MEMORY else 'NOT met'})")
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny 2 x 64 model, length 32 (smoke test)")
@@ -225,7 +240,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=5, help="interleaved repetitions (default 5)")
     parser.add_argument("--calib-seqs", type=int, default=8, help="calibration sequences (default 8)")
     parser.add_argument("--batch-size", type=int, default=4, help="forward batch size (default 4)")
+    parser.add_argument("--presets", default=",".join(INT_PRESETS), help="int8 presets (comma-separated)")
+    parser.add_argument("--reference", default=",".join(INT_PRESETS),
+                        help="presets also timed on the reference engine (comma-separated; '' for none)")
     parser.add_argument("--no-memory", action="store_true", help="skip the 150M memory subprocesses")
+    parser.add_argument("--memory-only", action="store_true", help="only the 150M memory subprocesses")
     parser.add_argument("--memory-child", nargs=2, metavar=("KIND", "ARTIFACT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if min(args.threads, args.reps, args.calib_seqs, args.batch_size) < 1:
@@ -241,6 +260,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         kind, artifact = args.memory_child
         print(json.dumps(memory_child(kind, QUICK_SHAPE if args.quick else MEMORY_SHAPE, artifact)))
         return 0
+    if args.memory_only:
+        print(f"`{command_line(argv, __file__)}`\n\n{environment_line(args.threads)}\n\n{cpu_facts()}\n")
+        print_memory(args.threads, args.quick)
+        return 0
     shape = QUICK_SHAPE if args.quick else FULL_SHAPE
     torch.manual_seed(0)
     model, _ = build_esm2(shape)
@@ -251,22 +274,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"# backend='int8' on CPU (issue 17): {shape.describe()}, batch {args.batch_size} x {shape.seq_len}\n\n"
           f"`{command_line(argv, __file__)}`\n\n{environment_line(args.threads)}\n\n{facts}\n\n"
           f"toolkit check, random weights; {args.reps} interleaved reps, medians\n")
-    models = build_models(model, random_sequences(args.calib_seqs, shape.seq_len, seed=1))
+    presets = [p for p in args.presets.split(",") if p]
+    models = build_models(model, random_sequences(args.calib_seqs, shape.seq_len, seed=1), presets,
+                          [p for p in args.reference.split(",") if p])
     goals = GOALS_VNNI if "VNNI)" in facts and "no VNNI" not in facts else GOALS_AVX2
     t = time_forwards(models, tokens, args.reps)
     print(markdown_table(["model", "engine", "forward ms (median)", "vs FP32", "goal"], forward_rows(t, goals)) + "\n")
     print("## PWLQ codes outside the base region (each such row runs the correction GEMMs)\n")
-    print(markdown_table(["model", "codes outside base", "rows with one"],
-                         tail_table(models["w8a8-pwlq, int8 fast"], tokens, args.quick)) + "\n")
+    if "w8a8-pwlq" in presets:
+        print(markdown_table(["model", "codes outside base", "rows with one"],
+                             tail_table(models["w8a8-pwlq, int8 fast"], tokens, args.quick)) + "\n")
     if not args.no_memory:
-        mem = bench_memory(args.threads, args.quick)
-        ratio = mem["int8"]["rss_mib"] / mem["fp"]["rss_mib"]
-        label = "2 x 64 tiny" if args.quick else "ESM-2 150M-sized (30 x 640)"
-        print(f"## Resident memory, {label}, loaded w8a8-pwlq artifact vs FP (after one forward)\n")
-        print(markdown_table(["model", "RSS growth MiB", "weights in state_dict MiB", "engine"],
-                             [[k, round(v["rss_mib"], 1), round(v["state_dict_weight_mib"], 1), v["engine"] or "-"]
-                              for k, v in mem.items()]))
-        print(f"\nint8 / FP resident: {ratio:.2f}x (goal <= {GOAL_MEMORY}x: {'met' if ratio <= GOAL_MEMORY else 'NOT met'})")
+        print_memory(args.threads, args.quick)
     return 0
 
 

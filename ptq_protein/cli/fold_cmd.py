@@ -44,7 +44,10 @@ def run(args: argparse.Namespace) -> int:
     require_esmfold(model)
     plddts = fold_to_pdbs(model, records, Path(args.out), args.num_recycles, progress=show_progress(args))
     if args.json:
-        print_json({"out": args.out, "mean_plddt": plddts})
+        from ptq_protein.nn.int_exec import engine_used
+
+        # engine: which integer GEMM ran (onednn = the CPU fast path, reference = exact torch/Triton), null for float/fake
+        print_json({"out": args.out, "mean_plddt": plddts, "engine": engine_used(model)})
     else:
         for seq_id, plddt in plddts.items():
             print(f"{seq_id}\tmean pLDDT {plddt:.1f}\t{Path(args.out) / seq_id}.pdb")
