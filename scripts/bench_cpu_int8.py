@@ -139,12 +139,12 @@ def tail_rates(model, tokens: torch.Tensor) -> Dict[str, float]:
             "rows with one": counts["rows_outside"] / max(counts["rows"], 1)}
 
 
-def tail_table(big, big_tokens, quick: bool) -> List[list]:
+def tail_table(big, big_tokens, label: str) -> List[list]:
     import ptq_protein as pp
     from ptq_protein.models.adapters import get_adapter
     from ptq_protein.models.tiny import tiny_esm2
 
-    rows = [["12 x 480 ESM-2 (this benchmark)", *tail_rates(big, big_tokens).values()]]
+    rows = [[f"{label} (this benchmark)", *tail_rates(big, big_tokens).values()]]
     seqs = random_sequences(6, 48, seed=5)
     for label, outliers in (("tiny-esm2 (demo outliers)", "demo"), ("tiny-esm2, no outliers", None)):
         kwargs = {} if outliers == "demo" else {"outliers": None}
@@ -283,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("## PWLQ codes outside the base region (each such row runs the correction GEMMs)\n")
     if "w8a8-pwlq" in presets:
         print(markdown_table(["model", "codes outside base", "rows with one"],
-                             tail_table(models["w8a8-pwlq, int8 fast"], tokens, args.quick)) + "\n")
+                             tail_table(models["w8a8-pwlq, int8 fast"], tokens, shape.describe())) + "\n")
     if not args.no_memory:
         print_memory(args.threads, args.quick)
     return 0
