@@ -212,8 +212,17 @@ def _linear_shell(name: str, entry: Dict[str, Any], tensors: Dict[str, torch.Ten
                        bias=get(f"{name}.bias"), input_quant=quant, backend=backend, weight_codebook=codebook)
 
 
-def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = None) -> nn.Module:
-    """Rebuild a quantized model from an artifact folder; outputs equal the saved model's bit for bit."""
+def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = None,
+         engine: str = "auto") -> nn.Module:
+    """Rebuild a quantized model from an artifact folder; outputs equal the saved model's bit for bit.
+
+    ``engine`` picks the integer GEMM of ``backend="int8"`` sites (``"auto"``: the
+    oneDNN fast path on CPU where it runs, else the exact reference; see
+    :mod:`ptq_protein.nn.int_exec`); ``pp.engine_used(model)`` says which ran.
+    """
+    from ptq_protein.nn.int_exec import parse_engine, set_engine
+
+    engine = parse_engine(engine)
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -260,7 +269,7 @@ def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = N
                                  None if calib is None else CalibrationInfo(**calib), report, recipe.get("fp_sites", []),
                                  plan=plan)
     model.ptq_recipe = recipe
-    return model.eval().to(device)
+    return set_engine(model.eval().to(device), engine)
 
 
 def _check_device(device: Any) -> None:

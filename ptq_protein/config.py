@@ -86,7 +86,15 @@ class Backend(str, enum.Enum):
     """How quantized modules execute."""
 
     FAKE = "fake"  # simulate: quantize then dequantize, float math
-    INT8 = "int8"  # integer GEMMs (Triton on CUDA, exact torch reference on CPU)
+    INT8 = "int8"  # integer GEMMs (Triton on CUDA; oneDNN on CPU, or the exact torch reference)
+
+
+class Engine(str, enum.Enum):
+    """Which integer GEMM ``backend="int8"`` runs (a run-time choice, not part of a recipe)."""
+
+    AUTO = "auto"  # oneDNN for CPU sites it handles, else the reference
+    ONEDNN = "onednn"  # the CPU fast path (ptq_protein.nn.cpu_int8)
+    REFERENCE = "reference"  # the exact torch integer reference (Triton kernels on CUDA)
 
 
 def _enum(cls, value):

@@ -51,8 +51,11 @@ def run(args: argparse.Namespace) -> int:
     written = fold_to_pdbs(model, records, Path(args.out), args.num_recycles, progress=show_progress(args),
                            force=args.force)
     if args.json:
+        from ptq_protein.nn.int_exec import engine_used
+
+        # engine: which integer GEMM ran (onednn = the CPU fast path, reference = exact torch/Triton), null for float/fake
         print_json({"out": args.out, "mean_plddt": {k: v[0] for k, v in written.items()},
-                    "pdb": {k: str(v[1]) for k, v in written.items()}})
+                    "pdb": {k: str(v[1]) for k, v in written.items()}, "engine": engine_used(model)})
     else:
         for seq_id, (plddt, path) in written.items():
             print(f"{seq_id}\tmean pLDDT {plddt:.1f}\t{path}")

@@ -41,7 +41,8 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-__all__ = ["FusedSettings", "configure", "settings", "fused_call", "padded_regions", "piecewise_fake", "uniform_fake"]
+__all__ = ["FusedSettings", "configure", "settings", "fused_call", "padded_regions", "piecewise_codes", "piecewise_fake",
+           "uniform_codes", "uniform_fake"]
 
 log = logging.getLogger(__name__)
 
@@ -187,3 +188,27 @@ def uniform_fake(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
     zp = zero_point.to(x.dtype)
     q = torch.clamp(torch.round(x / scale.to(x.dtype)) + zp, qmin, qmax)
     return (q - zp).to(torch.float32) * scale
+
+
+def uniform_codes(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
+    """Int8 codes of :func:`ptq_protein.quant.uniform.quantize` (one scalar scale and zero point) in one loop.
+
+    NaN encodes like 0 (the zero point), +-Inf clamp; the same float32 operations as the eager rule.
+    """
+    xs = torch.where(torch.isnan(x), torch.zeros((), dtype=x.dtype), x)
+    return torch.clamp(torch.round(xs / scale.to(x.dtype)) + zero_point.to(x.dtype), qmin, qmax).to(torch.int8)
+
+
+def piecewise_codes(x: torch.Tensor, thresholds: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Int8 codes of :func:`ptq_protein.quant.codebook.pwlq_quantize` in one loop (tables as :func:`piecewise_fake`)."""
+    xs = torch.where(torch.isnan(x), torch.zeros((), dtype=x.dtype), x)
+    last = table.shape[0] - 1
+    enc = table.to(x.dtype)
+    off, sc, lo, hi = enc[last, 0], enc[last, 1], enc[last, 2], enc[last, 3]
+    for r in range(last - 1, -1, -1):
+        below = xs < thresholds[r]
+        off = torch.where(below, enc[r, 0], off)
+        sc = torch.where(below, enc[r, 1], sc)
+        lo = torch.where(below, enc[r, 2], lo)
+        hi = torch.where(below, enc[r, 3], hi)
+    return torch.minimum(torch.maximum(torch.round((xs - off) / sc), lo), hi).to(torch.int8)

@@ -1,24 +1,100 @@
 """Integer execution of a :class:`~ptq_protein.nn.modules.QuantLinear` (``backend="int8"``).
 
-The activation codes come from the same quantizer the fake backend uses, so
-both backends share one set of parameters; the GEMM then runs on integers:
-Triton kernels for CUDA tensors (or under ``TRITON_INTERPRET=1``), the exact
-torch integer reference otherwise (``ptq_protein.kernels``).
+The activation codes come from the same quantization rules the fake backend
+uses, so both backends share one set of parameters; the GEMM then runs on
+integers, on one of these engines (:class:`Engine`):
+
+* ``onednn``: the CPU fast path (:mod:`ptq_protein.nn.cpu_int8`), oneDNN's int8
+  GEMM on weights prepacked once; static codes in one compiled pass.
+* ``reference``: the exact torch integer reference (``ptq_protein.kernels``);
+  on CUDA tensors (or under ``TRITON_INTERPRET=1``) its wrappers run the Triton kernels.
+* ``auto`` (default): ``onednn`` for CPU tensors where it runs and the site is
+  one it handles, else ``reference``.
+
+:func:`engine_used` tells which engine a model's last forward ran.
 """
 
 from __future__ import annotations
 
-import torch
+from typing import Optional
 
-__all__ = ["int_linear", "first_accumulators"]
+import torch
+from torch import nn
+
+from ptq_protein.config import Engine
+
+__all__ = ["Engine", "int_linear", "first_accumulators", "set_engine", "engine_used", "weight_codes"]
+
+
+def parse_engine(engine) -> Engine:
+    try:
+        return Engine(engine)
+    except ValueError as err:
+        raise ValueError(f"unknown engine {engine!r}; choose one of: {', '.join(e.value for e in Engine)}") from err
+
+
+def set_engine(model: nn.Module, engine) -> nn.Module:
+    """Choose the integer engine of every QuantLinear in ``model`` (in place; returns ``model``)."""
+    choice = parse_engine(engine)
+    if choice is Engine.ONEDNN and not _onednn_available():
+        raise ValueError("engine 'onednn' is not available in this PyTorch build (no oneDNN int8 linear); "
+                         "use engine='auto' or 'reference'")
+    for m in model.modules():
+        if hasattr(m, "engine_ran"):  # a QuantLinear (not imported: modules imports this file)
+            m.engine = choice
+    return model
+
+
+def engine_used(model: nn.Module) -> Optional[str]:
+    """The engine(s) the last forward ran on integer sites ("onednn", "reference", "onednn+reference"), or None."""
+    used = sorted({m.engine_ran for m in model.modules() if getattr(m, "engine_ran", None)})
+    return "+".join(used) or None
+
+
+def _onednn_available() -> bool:
+    from ptq_protein.nn.cpu_int8 import available
+
+    return available()
+
+
+def weight_codes(module) -> torch.Tensor:
+    """Plain int8 weight codes ``[N, K]`` of a QuantLinear (unpacked from the prepacked copy if released)."""
+    return module.plain_weight_codes()
+
+
+def _fast_ok(module, x: torch.Tensor) -> bool:
+    """The site is one the oneDNN path handles: CPU, symmetric weights, scalar static scale or per-token."""
+    if module.engine is Engine.REFERENCE or x.device.type != "cpu" or module.weight_codebook is not None:
+        return False
+    if not _onednn_available() or bool((module.weight_zero_point != 0).any()):
+        return False
+    quant = module.input_quant
+    if quant.spec.scheme.value == "pwlq":
+        return quant.is_static
+    if quant.is_static:
+        return quant.scale.numel() == 1
+    return quant.spec.granularity.value == "per_token"
+
+
+def int_linear(module, x: torch.Tensor) -> torch.Tensor:
+    """y = x W^T + b with integer codes on both sides; x [..., K] -> [..., N] in x's dtype."""
+    if _fast_ok(module, x):
+        from ptq_protein.nn.int_fast import fast_linear
+
+        module.engine_ran = Engine.ONEDNN.value
+        return fast_linear(module, x)
+    if module.engine is Engine.ONEDNN:
+        raise ValueError(f"engine 'onednn' cannot run this site ({module.input_quant.spec.describe()} on "
+                         f"{x.device}); use engine='auto' to fall back to the reference")
+    module.engine_ran = Engine.REFERENCE.value
+    return _reference_linear(module, x)
 
 
 def _weight_operands(module):
-    """Cached per-module kernel operands: codes (packed for 4-bit), [N] scales, column sums."""
+    """Cached per-module reference operands: codes (packed for 4-bit), [N] scales, column sums."""
     cache = module._int_cache
-    if not cache:
-        codes = module.weight_codes
-        cache["w_q"] = codes.to(torch.int8).contiguous()
+    if "w_q" not in cache:
+        cache["w_q"] = weight_codes(module).to(torch.int8).contiguous()
         cache["w_scale"] = module.weight_scale.reshape(-1).to(torch.float32).contiguous()
         cache["w_colsum"] = cache["w_q"].sum(dim=1, dtype=torch.int32)
         if module.weight_spec.bits <= 4:
@@ -28,8 +104,7 @@ def _weight_operands(module):
     return cache
 
 
-def int_linear(module, x: torch.Tensor) -> torch.Tensor:
-    """y = x W^T + b with integer codes on both sides; x [..., K] -> [..., N] in x's dtype."""
+def _reference_linear(module, x: torch.Tensor) -> torch.Tensor:
     from ptq_protein.kernels.int8_gemm import int8_linear
 
     shape = x.shape

@@ -12,13 +12,13 @@ never modified.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ptq_protein.config import Backend, Granularity, Scheme, TensorQuant
+from ptq_protein.config import Backend, Engine, Granularity, Scheme, TensorQuant
 from ptq_protein.nn.fused import fused_call, padded_regions, piecewise_fake, uniform_fake
 from ptq_protein.quant.codebook import PiecewiseCodebook, pwlq_dequantize, pwlq_quantize
 from ptq_protein.quant.fit import pwlq_codebook_for_values
@@ -217,7 +217,45 @@ class QuantLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.input_quant = input_quant
         self._dequantized: Optional[torch.Tensor] = None
-        self._int_cache: Dict[str, torch.Tensor] = {}
+        self._int_cache: Dict[str, Any] = {}
+        self._restore_codes: Optional[Callable[[], torch.Tensor]] = None
+        self.engine = Engine.AUTO  # which integer GEMM backend="int8" runs (nn.int_exec)
+        self.engine_ran: Optional[str] = None
+
+    # -- plain codes vs the prepacked copy (nn.int_fast) ------------------------------
+    def plain_weight_codes(self) -> torch.Tensor:
+        """Int8 weight codes ``[N, K]``, unpacked from the prepacked copy when the plain one was released."""
+        return self.weight_codes if self._restore_codes is None else self._restore_codes()
+
+    def release_weight_codes(self, restore: Callable[[], torch.Tensor]) -> None:
+        """Drop the plain codes (a prepacked copy holds them); ``restore()`` rebuilds them on demand."""
+        n, k = self.weight_codes.shape
+        self.weight_codes = torch.zeros((), dtype=torch.int8, device=self.weight_codes.device).expand(n, k)
+        self._restore_codes = restore
+
+    def _keep_plain_codes(self) -> None:
+        """Bring the plain codes back and forget the prepacked copy (before moves and loads)."""
+        if self._restore_codes is not None:
+            self.weight_codes = self._restore_codes()
+            self._restore_codes = None
+        self._int_cache = {}
+
+    def __getstate__(self):  # copy.deepcopy / pickle: plain codes, no prepacked copy
+        state = super().__getstate__().copy()
+        if self._restore_codes is not None:
+            state["_buffers"] = dict(state["_buffers"], weight_codes=self._restore_codes())
+        state.update(_restore_codes=None, _int_cache={}, _dequantized=None)
+        return state
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self._restore_codes is not None:
+            destination[prefix + "weight_codes"] = self._restore_codes()
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self._keep_plain_codes()
+        self._dequantized = None
+        return super()._load_from_state_dict(*args, **kwargs)
 
     # -- weights ---------------------------------------------------------------------
     def dequantized_weight(self, dtype: torch.dtype) -> torch.Tensor:
@@ -226,19 +264,20 @@ class QuantLinear(nn.Module):
             return self.weight
         cached = self._dequantized
         if cached is None or cached.dtype != dtype or cached.device != self.weight_codes.device:
+            codes = self.plain_weight_codes()
             if self.weight_codebook is not None:
-                w = pwlq_dequantize(self.weight_codes, self.weight_codebook)
+                w = pwlq_dequantize(codes, self.weight_codebook)
             elif self.weight_spec.scheme is Scheme.FP8:
-                w = fp8_dequantize(self.weight_codes, self.weight_scale)
+                w = fp8_dequantize(codes, self.weight_scale)
             else:
-                w = dequantize(self.weight_codes, self.weight_scale, self.weight_zero_point)
+                w = dequantize(codes, self.weight_scale, self.weight_zero_point)
             cached = w.to(dtype)
             self._dequantized = cached
         return cached
 
     def _apply(self, fn, recurse=True):  # device/dtype moves invalidate the caches
         self._dequantized = None
-        self._int_cache = {}
+        self._keep_plain_codes()
         return _apply_keeping_float32(self, ("weight_scale", "weight_codes"), fn, recurse)  # FP8 codes stay FP8
 
     # -- forward ---------------------------------------------------------------------

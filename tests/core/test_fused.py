@@ -205,3 +205,19 @@ def test_one_graph_serves_every_layout_and_codebook(fused_mode):
         with torch.enable_grad():
             quants[0](base)
     assert compiles == ["piecewise_fake"], compiles
+
+
+@pytest.mark.parametrize("cb", CODEBOOKS, ids=IDS)
+def test_compiled_codes_match_encoders(fused_mode, cb):
+    """The int8 fast path's one-pass encoders (nn.int_fast.encode_codes) equal input_quant.encode, compiled."""
+    from ptq_protein.nn.int_fast import encode_codes
+
+    fused_mode("on")
+    x = _hard_values(cb, torch.float32).reshape(-1, 1)
+    pw = ActQuantizer(TensorQuant(bits=8, scheme=Scheme.PWLQ, symmetric=False), codebook=cb)
+    uni = ActQuantizer(TensorQuant(bits=8, symmetric=False), scale=torch.tensor(0.05), zero_point=torch.tensor(-13))
+    with torch.no_grad():
+        for q in (pw, uni):
+            got = encode_codes(q, x)[0]
+            assert fused._broken is None, fused._broken
+            assert got.dtype == torch.int8 and torch.equal(got, q.encode(x)[0].to(torch.int8))

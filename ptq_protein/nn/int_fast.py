@@ -1,0 +1,67 @@
+"""A QuantLinear on the CPU fast path: prepack once, encode in one pass, one oneDNN call per GEMM.
+
+The weight is prepacked on first use (or by :func:`prepack_module` at load) and
+the plain int8 codes are then released, so the module holds one int8 copy; the
+codes come back from the packed copy when something asks for them
+(``state_dict``, the reference engine). Static activation codes come from one
+compiled elementwise loop (:mod:`ptq_protein.nn.fused`) that performs the
+quantizer's float32 operations, so they equal ``input_quant.encode`` bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ptq_protein.nn import cpu_int8
+from ptq_protein.nn.fused import fused_call, piecewise_codes, uniform_codes
+from ptq_protein.quant.uniform import qrange
+
+__all__ = ["fast_linear", "prepack_module", "encode_codes"]
+
+
+def prepack_module(module) -> cpu_int8.Packed:
+    """Prepack ``module``'s weight codes (once) and release the plain copy."""
+    cache = module._int_cache
+    if "packed" not in cache:
+        packed = cpu_int8.prepack(module.plain_weight_codes(), module.weight_scale)
+        cache["packed"] = packed
+        module.release_weight_codes(lambda: cpu_int8.unpack(packed))
+    return cache["packed"]
+
+
+def encode_codes(quant, x2: torch.Tensor) -> tuple:
+    """``quant.encode(x2)`` for ``x2 [M, K]``: static codes in one fused pass, dynamic ones eagerly."""
+    if not quant.is_static:
+        codes, params = quant.encode(x2)
+        return codes.to(torch.int8), params
+    xf = x2 if x2.dtype == torch.float64 else x2.to(torch.float32)
+    if quant.spec.scheme.value == "pwlq":
+        thresholds, table = quant._region_table(xf.device)
+        codes = fused_call(piecewise_codes, xf, thresholds.to(xf.dtype), table)
+        return codes, ("pwlq", quant.codebook)
+    qmin, qmax = qrange(quant.spec.bits, quant.spec.symmetric)
+    codes = fused_call(uniform_codes, xf, quant.scale, quant.zero_point, qmin, qmax)
+    return codes, ("uniform", quant.scale, quant.zero_point)
+
+
+def _plan(module, packed: cpu_int8.Packed, cb) -> cpu_int8.PwlqPlan:
+    cache = module._int_cache
+    if cache.get("pwlq_book") is not cb:
+        cache["pwlq_plan"] = cpu_int8.pwlq_plan(cb, packed, module.bias)
+        cache["pwlq_book"] = cb
+    return cache["pwlq_plan"]
+
+
+def fast_linear(module, x: torch.Tensor) -> torch.Tensor:
+    """y = x W^T + b on the oneDNN path; x [..., K] -> [..., N] in x's dtype."""
+    packed = prepack_module(module)
+    shape = x.shape
+    codes, params = encode_codes(module.input_quant, x.reshape(-1, shape[-1]))
+    bias = None if module.bias is None else module.bias.to(torch.float32)
+    if params[0] == "pwlq":
+        y = cpu_int8.pwlq_linear(codes, _plan(module, packed, params[1]), packed)
+    elif module.input_quant.is_static:
+        y = cpu_int8.static_linear(codes, packed, float(params[1]), int(params[2]), bias)
+    else:
+        y = cpu_int8.per_token_linear(codes, params[1], params[2], packed, bias)
+    return y.reshape(*shape[:-1], y.shape[-1]).to(x.dtype)

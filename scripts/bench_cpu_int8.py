@@ -1,0 +1,293 @@
+#!/usr/bin/env python
+"""CPU benchmark of backend="int8" (issue 17): the oneDNN fast path against FP32, bf16, fake and the reference.
+
+On the seeded random fair-esm ESM-2 of ``bench_quantize.py`` (12 layers x 480,
+demo outlier channels) and one batch of random sequences (default 4 x 256), one
+run measures side by side, interleaved (the order rotates every round), medians:
+
+* FP32, the FP model in bf16, ``w8a8-pwlq`` fake, and ``w8a8-uniform`` /
+  ``w8a8-dynamic`` / ``w8a8-pwlq`` / ``w4a8-pwlq`` with ``backend="int8"`` on the
+  fast engine (``auto``, which picks oneDNN here) and on the reference engine;
+* how rare PWLQ codes outside the base region are (the rows that need a
+  correction GEMM), on this model and on the tiny models;
+* resident memory of a loaded ``w8a8-pwlq`` artifact of an ESM-2 150M-sized
+  fair-esm model (30 x 640, random weights, artifact in a temporary folder)
+  against the FP model, each in a fresh subprocess (VmRSS after one forward,
+  minus VmRSS after imports).
+
+It prints ``torch.backends.cpu.get_cpu_capability()`` and the CPU's AVX-512 /
+VNNI / AMX flags. No number is asserted.
+
+    python scripts/bench_cpu_int8.py --threads 2            # the issue's table (minutes)
+    python scripts/bench_cpu_int8.py --quick                # tiny model, seconds (smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_quantize import (  # noqa: E402  (sibling script: shared model, sequences and table helpers)
+    FULL_SHAPE, QUICK_SHAPE, ModelShape, build_esm2, command_line, environment_line, markdown_table, random_sequences,
+)
+
+GOALS_VNNI = {"w8a8-uniform": 0.6, "w8a8-pwlq": 0.8}  # int8 time / FP32 time on a CPU with VNNI
+GOALS_AVX2 = {"w8a8-uniform": 1.0, "w8a8-pwlq": 1.4}
+GOAL_MEMORY = 0.4
+INT_PRESETS = ("w8a8-uniform", "w8a8-dynamic", "w8a8-pwlq", "w4a8-pwlq")
+MEMORY_SHAPE = ModelShape(num_layers=30, embed_dim=640, heads=20, seq_len=64)  # ESM-2 150M
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
+
+
+def cpu_facts() -> str:
+    flags = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+        model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                      if ln.startswith("model name")), "?")
+    except OSError:
+        model = "?"
+    present = [f for f in CPU_FLAGS if f in flags]
+    vnni = "VNNI" if {"avx512_vnni", "avx_vnni"} & flags else "no VNNI"
+    return (f"CPU {model}; torch.backends.cpu.get_cpu_capability() = {torch.backends.cpu.get_cpu_capability()}; "
+            f"flags: {' '.join(present) or 'none of ' + ' '.join(CPU_FLAGS)} ({vnni})")
+
+
+def build_models(model, seqs: Sequence[str], presets: Sequence[str], reference: Sequence[str]) -> Dict[str, torch.nn.Module]:
+    """Every timed model; fake and reference variants are copies of the int8 ones (one calibration per preset)."""
+    import ptq_protein as pp
+    from ptq_protein.config import Backend
+    from ptq_protein.nn.modules import QuantLinear
+
+    models = {"FP32": model, "FP model in bf16": copy.deepcopy(model).to(torch.bfloat16)}
+    for preset in presets:
+        fast = pp.quantize(model, preset, calibration=list(seqs), backend="int8")
+        models[f"{preset}, int8 fast"] = fast
+        if preset in reference:
+            models[f"{preset}, int8 reference"] = pp.set_engine(copy.deepcopy(fast), "reference")
+        if preset == "w8a8-pwlq":
+            fake = copy.deepcopy(fast)
+            for m in fake.modules():
+                if isinstance(m, QuantLinear):
+                    m.backend = Backend.FAKE
+            models[f"{preset}, fake"] = fake
+    return models
+
+
+def time_forwards(models: Dict[str, torch.nn.Module], tokens: torch.Tensor, reps: int) -> Dict[str, float]:
+    """Median seconds per model over ``reps`` interleaved rounds (after one warm-up forward each)."""
+    import ptq_protein as pp
+
+    times: Dict[str, List[float]] = {name: [] for name in models}
+    engines = {}
+    with torch.no_grad():
+        for name, m in models.items():
+            m(tokens.to(torch.long))
+            engines[name] = pp.engine_used(m) if hasattr(m, "ptq_state") else None
+        names = list(models)
+        for rep in range(reps):
+            for name in names[rep % len(names):] + names[:rep % len(names)]:
+                start = time.perf_counter()
+                models[name](tokens)
+                times[name].append(time.perf_counter() - start)
+    return {name: (statistics.median(v), engines[name]) for name, v in times.items()}
+
+
+def tail_rates(model, tokens: torch.Tensor) -> Dict[str, float]:
+    """Share of PWLQ codes outside the base region, and of rows holding one, over every int8 PWLQ site."""
+    from ptq_protein.nn import cpu_int8
+    from ptq_protein.nn.int_fast import encode_codes, prepack_module
+    from ptq_protein.nn.modules import QuantLinear
+
+    counts = {"codes": 0, "outside": 0, "rows": 0, "rows_outside": 0}
+    handles = []
+
+    def hook(mod, args):
+        x = args[0].reshape(-1, args[0].shape[-1])
+        codes, params = encode_codes(mod.input_quant, x)
+        plan = cpu_int8.pwlq_plan(params[1], prepack_module(mod), None)
+        out = (codes < plan.base_lo) | (codes > plan.base_hi)
+        counts["codes"] += out.numel()
+        counts["outside"] += int(out.sum())
+        counts["rows"] += out.shape[0]
+        counts["rows_outside"] += int(out.any(dim=1).sum())
+
+    for m in model.modules():
+        if isinstance(m, QuantLinear) and m.input_quant is not None and m.input_quant.codebook is not None:
+            handles.append(m.register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            model(tokens)
+    finally:
+        for h in handles:
+            h.remove()
+    return {"codes outside base": counts["outside"] / max(counts["codes"], 1),
+            "rows with one": counts["rows_outside"] / max(counts["rows"], 1)}
+
+
+def tail_table(big, big_tokens, label: str) -> List[list]:
+    import ptq_protein as pp
+    from ptq_protein.models.adapters import get_adapter
+    from ptq_protein.models.tiny import tiny_esm2
+
+    rows = [[f"{label} (this benchmark)", *tail_rates(big, big_tokens).values()]]
+    seqs = random_sequences(6, 48, seed=5)
+    for label, outliers in (("tiny-esm2 (demo outliers)", "demo"), ("tiny-esm2, no outliers", None)):
+        kwargs = {} if outliers == "demo" else {"outliers": None}
+        tiny = tiny_esm2(seed=0, **kwargs)[0]
+        q = pp.quantize(tiny, "w8a8-pwlq", calibration=seqs[:4], backend="int8")
+        tokens = get_adapter(tiny).make_batch(seqs[4:]).inputs["tokens"]
+        rows.append([label, *tail_rates(q, tokens).values()])
+    return rows
+
+
+# --- memory (fresh processes) ------------------------------------------------------
+
+
+def _rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def memory_child(kind: str, shape: ModelShape, artifact: str) -> Dict[str, float]:
+    """RSS growth (MiB) of one loaded model after one forward, over the RSS after imports."""
+    import esm  # noqa: F401  (everything either side imports comes before the baseline)
+    import ptq_protein as pp
+    import ptq_protein.api  # noqa: F401
+    import ptq_protein.artifact  # noqa: F401
+    from ptq_protein.models.adapters import get_adapter
+    from ptq_protein.nn import cpu_int8, int_fast  # noqa: F401
+
+    cpu_int8.available()  # oneDNN's one-off initialisation
+    base = _rss_mib()
+    if kind == "fp":
+        model = build_esm2(shape)[0]
+    else:
+        model = pp.load(artifact)
+    tokens = get_adapter(model).make_batch(random_sequences(1, 32, seed=3)).inputs["tokens"]
+    with torch.no_grad():
+        model(tokens)
+    rss = _rss_mib() - base  # before state_dict(), which unpacks the prepacked weights
+    linear_bytes = sum(b.numel() * b.element_size() for n, b in model.state_dict().items() if "weight" in n)
+    return {"rss_mib": rss, "state_dict_weight_mib": linear_bytes / 2**20,
+            "engine": pp.engine_used(model) if kind != "fp" else None}
+
+
+def bench_memory(threads: int, quick: bool) -> Dict[str, dict]:
+    import ptq_protein as pp
+
+    shape = QUICK_SHAPE if quick else MEMORY_SHAPE
+    with tempfile.TemporaryDirectory(prefix="bench_cpu_int8_") as tmp:
+        model = build_esm2(shape)[0]
+        q = pp.quantize(model, "w8a8-pwlq", calibration=random_sequences(2, 32, seed=4), backend="int8")
+        pp.save(q, Path(tmp) / "w8a8-pwlq")
+        del model, q
+        out = {}
+        for kind in ("fp", "int8"):
+            cmd = [sys.executable, __file__, "--memory-child", kind, str(Path(tmp) / "w8a8-pwlq"),
+                   "--threads", str(threads)] + (["--quick"] if quick else [])
+            out[kind] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+    return out
+
+
+# --- tables ------------------------------------------------------------------------------
+
+
+def forward_rows(t: Dict[str, tuple], goals: Dict[str, float]) -> List[list]:
+    fp = t["FP32"][0]
+    rows = []
+    for name, (sec, engine) in t.items():
+        preset = name.split(",")[0]
+        goal = goals.get(preset) if name.endswith("int8 fast") else None
+        met = "" if goal is None else f"<= {goal}x: {'met' if sec / fp <= goal else 'NOT met'}"
+        if name.endswith("int8 fast") and preset == "w8a8-uniform":
+            met += f"; faster than bf16: {'yes' if sec < t['FP model in bf16'][0] else 'NO'}"
+        rows.append([name, engine or "-", round(sec * 1000, 1), f"{sec / fp:.2f}x", met])
+    return rows
+
+
+def print_memory(threads: int, quick: bool) -> None:
+    mem = bench_memory(threads, quick)
+    ratio = mem["int8"]["rss_mib"] / mem["fp"]["rss_mib"]
+    label = "2 x 64 tiny" if quick else "ESM-2 150M-sized (30 x 640)"
+    print(f"## Resident memory, {label}, loaded w8a8-pwlq artifact vs FP (after one forward)\n")
+    print(markdown_table(["model", "RSS growth MiB", "weights in state_dict MiB", "engine"],
+                         [[k, round(v["rss_mib"], 1), round(v["state_dict_weight_mib"], 1), v["engine"] or "-"]
+                          for k, v in mem.items()]))
+    print(f"\nint8 / FP resident: {ratio:.2f}x (goal <= {GOAL_MEMORY}x: {'met' if ratio <= GOAL_MEMORY else 'NOT met'})")
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny 2 x 64 model, length 32 (smoke test)")
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2, as in the issue)")
+    parser.add_argument("--reps", type=int, default=5, help="interleaved repetitions (default 5)")
+    parser.add_argument("--calib-seqs", type=int, default=8, help="calibration sequences (default 8)")
+    parser.add_argument("--batch-size", type=int, default=4, help="forward batch size (default 4)")
+    parser.add_argument("--presets", default=",".join(INT_PRESETS), help="int8 presets (comma-separated)")
+    parser.add_argument("--reference", default=",".join(INT_PRESETS),
+                        help="presets also timed on the reference engine (comma-separated; '' for none)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the 150M memory subprocesses")
+    parser.add_argument("--memory-only", action="store_true", help="only the 150M memory subprocesses")
+    parser.add_argument("--memory-child", nargs=2, metavar=("KIND", "ARTIFACT"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if min(args.threads, args.reps, args.calib_seqs, args.batch_size) < 1:
+        parser.error("--threads, --reps, --calib-seqs and --batch-size must be >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.memory_child:
+        kind, artifact = args.memory_child
+        print(json.dumps(memory_child(kind, QUICK_SHAPE if args.quick else MEMORY_SHAPE, artifact)))
+        return 0
+    if args.memory_only:
+        print(f"`{command_line(argv, __file__)}`\n\n{environment_line(args.threads)}\n\n{cpu_facts()}\n")
+        print_memory(args.threads, args.quick)
+        return 0
+    shape = QUICK_SHAPE if args.quick else FULL_SHAPE
+    torch.manual_seed(0)
+    model, _ = build_esm2(shape)
+    from ptq_protein.models.adapters import get_adapter
+
+    tokens = get_adapter(model).make_batch(random_sequences(args.batch_size, shape.seq_len, seed=2)).inputs["tokens"]
+    facts = cpu_facts()
+    print(f"# backend='int8' on CPU (issue 17): {shape.describe()}, batch {args.batch_size} x {shape.seq_len}\n\n"
+          f"`{command_line(argv, __file__)}`\n\n{environment_line(args.threads)}\n\n{facts}\n\n"
+          f"toolkit check, random weights; {args.reps} interleaved reps, medians\n")
+    presets = [p for p in args.presets.split(",") if p]
+    models = build_models(model, random_sequences(args.calib_seqs, shape.seq_len, seed=1), presets,
+                          [p for p in args.reference.split(",") if p])
+    goals = GOALS_VNNI if "VNNI)" in facts and "no VNNI" not in facts else GOALS_AVX2
+    t = time_forwards(models, tokens, args.reps)
+    print(markdown_table(["model", "engine", "forward ms (median)", "vs FP32", "goal"], forward_rows(t, goals)) + "\n")
+    print("## PWLQ codes outside the base region (each such row runs the correction GEMMs)\n")
+    if "w8a8-pwlq" in presets:
+        print(markdown_table(["model", "codes outside base", "rows with one"],
+                             tail_table(models["w8a8-pwlq, int8 fast"], tokens, shape.describe())) + "\n")
+    if not args.no_memory:
+        print_memory(args.threads, args.quick)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
