@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ptq_protein.errors import InputError
-from ptq_protein.eval.align import Pairing, pair_residues
+from ptq_protein.eval.align import Pairing, pair_residues, parse_choice
 from ptq_protein.eval.structure import as_structure
 from ptq_protein.eval.tmsearch import tm_search
 
@@ -52,11 +52,7 @@ class TMNormalize(str, enum.Enum):
 
     @classmethod
     def parse(cls, value: Union[str, "TMNormalize"]) -> "TMNormalize":
-        try:
-            return cls(value)
-        except ValueError as err:
-            choices = ", ".join(repr(m.value) for m in cls)
-            raise InputError(f"tm_normalize={value!r} is not one of {choices}") from err
+        return parse_choice(cls, value, "tm_normalize")
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,11 @@ from torch import nn
 
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.calibration.calibrate import calibrate
-from ptq_protein.config import Backend, QuantConfig, SiteKind, TensorQuant
+from ptq_protein.config import Backend, QuantConfig, SiteKind, SpecialTokens, TensorQuant
 from ptq_protein.nn.convert import swap_modules_
 from ptq_protein.errors import InputError
 from ptq_protein.nn.modules import ActQuantizer
+from ptq_protein.nn.special_tokens import apply_special_tokens_
 from ptq_protein.presets import resolve_config
 from ptq_protein.nn.qparams import activation_quantizer, needs_calibration
 from ptq_protein.report import build_report
@@ -145,7 +146,8 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
         seqs = [_crop(s, calib_max_length) for s in adapter.validate(seqs, where="calibration")]
         extra = {"num_recycles": num_recycles} if num_recycles is not None else {}
         stats = calibrate(qmodel, adapter, static_sites, _specs_for(static_sites, cfg), seqs,
-                          batch_size=batch_size, progress=progress, forward_kwargs=extra)
+                          batch_size=batch_size, progress=progress, forward_kwargs=extra,
+                          include_special=cfg.special_tokens is SpecialTokens.INCLUDE)
         calib_info = CalibrationInfo(name, len(seqs), _sequences_sha(seqs))
     quants: Dict[str, ActQuantizer] = {}
     fp_sites = []
@@ -166,6 +168,7 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
                     len(fp_sites), ", ".join(fp_sites[:5]) + (" ..." if len(fp_sites) > 5 else ""))
     originals = {s.name: qmodel.get_submodule(s.name).weight for s in chosen if s.kind is SiteKind.LINEAR}
     done = swap_modules_(qmodel, {s.name: s for s in chosen}, quants, cfg)
+    apply_special_tokens_(qmodel, adapter, cfg)
     report = build_report(qmodel, chosen, stats, quants, cfg, originals)
     histograms = {name: st.histogram.support() for name, st in stats.items() if st.count}
     qmodel.ptq_state = QuantState(cfg, adapter.family, chosen, done, calib_info, report, fp_sites, histograms)

@@ -60,3 +60,13 @@ def test_bench_artifact_size_quick_round_trips_bit_identically(capsys):
     # the tiny model is embedding-dominated, so only the ordering is structural: W4 < W8 < fp32
     assert ratios["w4-only"] < ratios["w8-only"] < 1.0
     assert ratios["w4a8-pwlq"] < ratios["w8a8-pwlq"] < 1.0
+
+
+def test_bench_special_tokens_prints_every_mode(capsys):
+    bench = _load("bench_special_tokens")
+    assert bench.main(["--models", "tiny-esm2", "--presets", "w8a8-uniform", "--calib", "casp14:3",
+                       "--crop", "32", "--threads", "1"]) == 0
+    rows = {r[2]: r for r in _table_rows(capsys.readouterr().out, "tiny-esm2")}
+    assert sorted(rows) == ["clip", "float", "include"]
+    assert float(rows["float"][3]) == 0.0 < float(rows["clip"][3])  # BOS/EOS rows bypass the quantizer
+    assert all(float(rows[m][5]) > 0 for m in rows)  # residue rows are quantized in every mode

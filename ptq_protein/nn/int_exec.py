@@ -3,7 +3,9 @@
 The activation codes come from the same quantizer the fake backend uses, so
 both backends share one set of parameters; the GEMM then runs on integers:
 Triton kernels for CUDA tensors (or under ``TRITON_INTERPRET=1``), the exact
-torch integer reference otherwise (``ptq_protein.kernels``).
+torch integer reference otherwise (``ptq_protein.kernels``). Rows the quantizer
+keeps in floating point (BOS/EOS, :mod:`ptq_protein.nn.special_tokens`) are then
+recomputed in float by ``QuantLinear._float_rows``, as in the fake backend.
 """
 
 from __future__ import annotations

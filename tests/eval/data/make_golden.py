@@ -29,12 +29,17 @@ UNRELATED = (("7TV9", "7VNA"), ("7VNA", "7YWG"), ("7YWG", "7PB4"), ("7PB4", "7ER
 SHORT = (12, 18, 21, 30)  # first residues of 7TV9
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def parse_args(description: str) -> argparse.Namespace:
+    """--tmscore, --shared, --out (shared with make_golden_sequence.py)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--tmscore", default="/tmp/TMscore", help="TMscore executable")
     parser.add_argument("--shared", default="/work/shared/data", help="the project's shared data folder")
     parser.add_argument("--out", default=str(Path(__file__).parent), help="output folder")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args(__doc__)
     out, shared = Path(args.out), Path(args.shared)
     (out / "structures").mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(SEED)

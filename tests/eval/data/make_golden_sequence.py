@@ -16,7 +16,6 @@ Not part of the test suite (needs the program and /work/shared/data); see README
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import tempfile
@@ -24,19 +23,15 @@ from pathlib import Path
 
 import numpy as np
 
-from make_golden import (SEED, THREE, first_banner_line, read_ca, renumbered_native, run_tmscore, sequence_alignment,
-                         write_pdb)
+from make_golden import (SEED, THREE, first_banner_line, parse_args, read_ca, renumbered_native, run_tmscore,
+                         sequence_alignment, write_pdb)
 
 MISSING_TARGETS = ("7vf3.B", "7q83.D", "8ds5.A")  # cameo2022: 15/155, 156/274, 96/164 residues observed
 ONE = {v: k for k, v in THREE.items()}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--tmscore", default="/tmp/TMscore", help="TMscore executable")
-    parser.add_argument("--shared", default="/work/shared/data", help="the project's shared data folder")
-    parser.add_argument("--out", default=str(Path(__file__).parent), help="output folder")
-    args = parser.parse_args()
+    args = parse_args(__doc__)
     out, shared = Path(args.out), Path(args.shared)
     golden = json.loads((Path(__file__).parent / "golden_tmscore.json").read_text())
     with tempfile.TemporaryDirectory() as tmp:
