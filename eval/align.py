@@ -37,11 +37,16 @@ class Pairing(str, enum.Enum):
 
     @classmethod
     def parse(cls, value: Union[str, "Pairing"]) -> "Pairing":
-        try:
-            return cls(value)
-        except ValueError as err:
-            choices = ", ".join(repr(p.value) for p in cls)
-            raise InputError(f"pairing={value!r} is not one of {choices}") from err
+        return parse_choice(cls, value, "pairing")
+
+
+def parse_choice(cls, value, name: str):
+    """``cls(value)`` for a str Enum, or one InputError naming ``name`` and the choices."""
+    try:
+        return cls(value)
+    except ValueError as err:
+        choices = ", ".join(repr(m.value) for m in cls)
+        raise InputError(f"{name}={value!r} is not one of {choices}") from err
 
 
 @dataclass(frozen=True, eq=False)

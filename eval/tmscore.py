@@ -1,7 +1,10 @@
 """TM-score, GDT-TS, GDT-HA and RMSD of a model against a native, as the TMscore program computes them.
 
 Residues are paired by number (TMscore's default) or by a sequence alignment;
-scores are normalised by the native length ``L`` (native residues with a CA).
+scores are normalised by ``L``: the native's residues with a CA (``normalize="native"``,
+``TMscore model native``), or the model's (``normalize="sequence"``: for a
+prediction, its full sequence, as ``TMscore native model`` computes it, which is how
+the ESMFold-quantization study called the program).
 The search itself is :func:`ptq_protein.eval.tmsearch.tm_search` (torch;
 cuda tensors stay on the GPU). ``rmsd`` is TMscore's "RMSD of the common
 residues": all paired CAs after their own optimal (least-squares) superposition.
@@ -16,6 +19,7 @@ scores are not rounded to 4 decimals.
 
 from __future__ import annotations
 
+import enum
 import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, Optional, Sequence, Union
@@ -24,14 +28,31 @@ import numpy as np
 import torch
 
 from ptq_protein.errors import InputError
-from ptq_protein.eval.align import Pairing, pair_residues
+from ptq_protein.eval.align import Pairing, pair_residues, parse_choice
 from ptq_protein.eval.structure import as_structure
 from ptq_protein.eval.tmsearch import tm_search
 
-__all__ = ["TMScoreResult", "tm_score", "tm_score_batch", "paired_ca"]
+__all__ = ["TMScoreResult", "TMNormalize", "tm_score", "tm_score_batch", "paired_ca"]
 
 _TOLERANCE = 1e-6
 _FEW_PAIRS = 3  # fewer common pairs than this make a superposition meaningless
+
+
+class TMNormalize(str, enum.Enum):
+    """Which structure's length normalises TM-score and GDT (and sets d0).
+
+    The TMscore program normalises by its *second* argument: ``TMscore model
+    native`` by the native (whose unobserved residues then do not count), and
+    ``TMscore native model`` by the model, i.e. for a prediction by its full
+    sequence (unobserved native residues count as misses).
+    """
+
+    NATIVE = "native"  # the native's residues with a CA (TMscore model native)
+    SEQUENCE = "sequence"  # the model's residues with a CA: a prediction's full sequence (TMscore native model)
+
+    @classmethod
+    def parse(cls, value: Union[str, "TMNormalize"]) -> "TMNormalize":
+        return parse_choice(cls, value, "tm_normalize")
 
 
 @dataclass(frozen=True)
@@ -60,7 +81,8 @@ class TMScoreResult:
 
 
 def tm_score(model: Any, native: Any, pairing: Union[str, Pairing] = "number", *,
-             model_chain: Optional[str] = None, native_chain: Optional[str] = None) -> TMScoreResult:
+             model_chain: Optional[str] = None, native_chain: Optional[str] = None,
+             normalize: Union[str, TMNormalize] = "native") -> TMScoreResult:
     """Score a model against a native.
 
     Parameters
@@ -73,6 +95,10 @@ def tm_score(model: Any, native: Any, pairing: Union[str, Pairing] = "number", *
         (natives in author numbering, e.g. cameo2022).
     model_chain, native_chain : str, optional
         Chains to read from files (default: the first).
+    normalize : "native" or "sequence"
+        Normalise by the native's residues with a CA (``TMscore model native``,
+        the default) or by the model's (``TMscore native model``; for a
+        prediction, its full sequence). See :class:`TMNormalize`.
 
     Returns
     -------
@@ -89,18 +115,23 @@ def tm_score(model: Any, native: Any, pairing: Union[str, Pairing] = "number", *
     >>> round(tm_score(ca, ca).tm_score, 6)
     1.0
     """
-    model_ca, native_ca, length = paired_ca(model, native, pairing, model_chain, native_chain)
+    model_ca, native_ca, length = paired_ca(model, native, pairing, model_chain, native_chain, normalize)
     return tm_score_batch([(model_ca, native_ca)], lengths=[length])[0]
 
 
 def paired_ca(model: Any, native: Any, pairing: Union[str, Pairing] = "number",
-              model_chain: Optional[str] = None, native_chain: Optional[str] = None) -> tuple:
-    """(model CA [K, 3], native CA [K, 3], native length) of the pairs with a CA on both sides."""
+              model_chain: Optional[str] = None, native_chain: Optional[str] = None,
+              normalize: Union[str, TMNormalize] = "native") -> tuple:
+    """(model CA [K, 3], native CA [K, 3], normalisation length) of the pairs with a CA on both sides.
+
+    The length is the native's residues with a CA, or the model's when ``normalize="sequence"``.
+    """
+    by_model = TMNormalize.parse(normalize) is TMNormalize.SEQUENCE
     model_s, native_s = as_structure(model, model_chain), as_structure(native, native_chain)
     im, jn = pair_residues(model_s, native_s, pairing)
     model_ca, native_ca = model_s.ca[im], native_s.ca[jn]
     both = np.isfinite(model_ca).all(-1) & np.isfinite(native_ca).all(-1)
-    length = int(np.isfinite(native_s.ca).all(-1).sum())
+    length = int(np.isfinite((model_s if by_model else native_s).ca).all(-1).sum())
     if not both.any():
         hint = " (try pairing='sequence' if the numbering differs)" if Pairing.parse(pairing) is Pairing.NUMBER else ""
         raise InputError(f"{model_s.source} and {native_s.source} have no residues with CA in common{hint}")

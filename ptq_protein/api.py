@@ -19,10 +19,11 @@ from torch import nn
 
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.calibration.calibrate import calibrate
-from ptq_protein.config import Backend, QuantConfig, SiteKind, TensorQuant
+from ptq_protein.config import Backend, QuantConfig, SiteKind, SpecialTokens, TensorQuant
 from ptq_protein.nn.convert import swap_modules_
 from ptq_protein.errors import InputError
 from ptq_protein.nn.modules import ActQuantizer
+from ptq_protein.nn.special_tokens import apply_special_tokens_
 from ptq_protein.presets import resolve_config
 from ptq_protein.nn.qparams import activation_quantizer, needs_calibration
 from ptq_protein.report import build_report
@@ -169,7 +170,8 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
                                    batch_size=batch_size, forward_kwargs=extra)
     if static_sites:
         stats = calibrate(qmodel, adapter, static_sites, _specs_for(static_sites, cfg), seqs,
-                          batch_size=batch_size, progress=progress, forward_kwargs=extra)
+                          batch_size=batch_size, progress=progress, forward_kwargs=extra,
+                          include_special=cfg.special_tokens is SpecialTokens.INCLUDE)
     quants: Dict[str, ActQuantizer] = {}
     fp_sites = []
     for site in act_sites:
@@ -188,6 +190,7 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
         log.warning("%d site(s) never saw a residue during calibration and stay in floating point: %s",
                     len(fp_sites), ", ".join(fp_sites[:5]) + (" ..." if len(fp_sites) > 5 else ""))
     done = swap_modules_(qmodel, {s.name: s for s in chosen}, quants, cfg, weight_codes)
+    apply_special_tokens_(qmodel, adapter, cfg)
     report = build_report(qmodel, chosen, stats, quants, cfg, originals)
     histograms = {name: st.histogram.support() for name, st in stats.items() if st.count}
     qmodel.ptq_state = QuantState(cfg, adapter.family, chosen, done, calib_info, report, fp_sites, histograms)

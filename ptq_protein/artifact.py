@@ -37,6 +37,7 @@ from ptq_protein.artifact_seal import (SEAL_KEY, canonical_json, check_files_ent
 from ptq_protein.errors import ArtifactError
 from ptq_protein.io_utils import atomic_dir, check_out_path
 from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
+from ptq_protein.nn.special_tokens import apply_special_tokens_
 from ptq_protein.kernels.packing import pack_int4, unpack_int4
 from ptq_protein.quant.codebook import PiecewiseCodebook
 from ptq_protein.report import report_markdown
@@ -257,6 +258,7 @@ def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = N
     if missing or unexpected:
         raise ArtifactError(f"artifact tensors do not fit the architecture (missing {missing[:3]}, unexpected "
                             f"{unexpected[:3]}); the artifact is corrupt or from another release: re-run quantize")
+    apply_special_tokens_(model, adapter, config)
     sites = [Site(s["name"], SiteKind(s["kind"]), s["group"], s["module_type"], s["is_head"]) for s in recipe["site_list"]]
     calib = recipe.get("calibration")
     report = json.loads((path / REPORT_JSON).read_text()) if (path / REPORT_JSON).exists() else []

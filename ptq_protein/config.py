@@ -21,6 +21,7 @@ __all__ = [
     "SiteKind",
     "Backend",
     "FP8Format",
+    "SpecialTokens",
     "TensorQuant",
     "SmoothQuantSpec",
     "GPTQSpec",
@@ -95,6 +96,19 @@ class Engine(str, enum.Enum):
     AUTO = "auto"  # oneDNN for CPU sites it handles, else the reference
     ONEDNN = "onednn"  # the CPU fast path (ptq_protein.nn.cpu_int8)
     REFERENCE = "reference"  # the exact torch integer reference (Triton kernels on CUDA)
+
+
+class SpecialTokens(str, enum.Enum):
+    """What happens to the language model's BOS/EOS (CLS/EOS) positions at activation sites.
+
+    They are computed like residues but carry the largest activations of ESM
+    models (tens of times the residues' range), so a range fitted to residues
+    clips them. Padding is never calibrated on, whatever the choice.
+    """
+
+    FLOAT = "float"  # calibrate on residues; at run time BOS/EOS rows bypass the quantizer (token-wise FP)
+    INCLUDE = "include"  # calibrate on residues and BOS/EOS; one quantizer for every row
+    CLIP = "clip"  # calibrate on residues; BOS/EOS quantized with that range (clipped): the old behaviour
 
 
 def _enum(cls, value):
@@ -249,6 +263,9 @@ class QuantConfig:
     ``exclude`` are module-name globs (``fnmatch``) applied after kinds/groups.
     ``quantize_heads`` also quantizes the parts kept in floating point by
     default (LM head, contact regression, distogram/pLDDT/pTM heads).
+    ``special_tokens`` says how the LM's BOS/EOS positions are handled at
+    activation sites (:class:`SpecialTokens`; default ``float``: they stay in
+    floating point, two rows per sequence).
     """
 
     weights: Optional[TensorQuant] = TensorQuant(bits=8, granularity=Granularity.PER_CHANNEL)
@@ -261,12 +278,14 @@ class QuantConfig:
     backend: Backend = Backend.FAKE
     smoothquant: Optional[SmoothQuantSpec] = None
     gptq: Optional[GPTQSpec] = None
+    special_tokens: SpecialTokens = SpecialTokens.FLOAT
     name: str = "custom"
     version: int = CONFIG_VERSION
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kinds", tuple(_enum(SiteKind, k) for k in self.kinds))
         object.__setattr__(self, "backend", _enum(Backend, self.backend))
+        object.__setattr__(self, "special_tokens", _enum(SpecialTokens, self.special_tokens))
         for name in ("include", "exclude"):
             value = getattr(self, name)
             if isinstance(value, str):
@@ -324,11 +343,15 @@ class QuantConfig:
             "backend": self.backend.value,
             "smoothquant": None if self.smoothquant is None else self.smoothquant.to_dict(),
             "gptq": None if self.gptq is None else self.gptq.to_dict(),
+            "special_tokens": self.special_tokens.value,
         }
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "QuantConfig":
+        """Inverse of :meth:`to_dict`. A dict without ``special_tokens`` (an artifact
+        made before the option existed) means ``clip``, the behaviour it was made with."""
         data = dict(data)
+        data.setdefault("special_tokens", SpecialTokens.CLIP.value)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
         if unknown:
@@ -345,4 +368,5 @@ class QuantConfig:
         w += " (GPTQ)" if self.gptq is not None else ""
         a = "FP" if self.activations is None else self.activations.describe()
         a += f" (SmoothQuant alpha={self.smoothquant.alpha})" if self.smoothquant is not None else ""
-        return f"{self.name}: weights {w}; activations {a}; sites {','.join(k.value for k in self.kinds)}"
+        special = f"; BOS/EOS {self.special_tokens.value}" if self.activations is not None else ""
+        return f"{self.name}: weights {w}; activations {a}; sites {','.join(k.value for k in self.kinds)}{special}"

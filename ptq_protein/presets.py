@@ -3,7 +3,10 @@
 The recipes live in :mod:`ptq_protein.recipes`, one file per family (ours, the
 study's, the baselines); this module merges them into one registry. Every preset
 keeps embeddings, the LM head, contact regression and the distogram / pLDDT / pTM
-heads in floating point (``quantize_heads=False``).
+heads in floating point (``quantize_heads=False``). Ours also keep the language
+model's BOS/EOS rows in floating point at every activation site (two rows per
+sequence, ``special_tokens="float"``, the :class:`~ptq_protein.config.QuantConfig`
+default); residue and padding rows get the preset's bits.
 """
 
 from __future__ import annotations

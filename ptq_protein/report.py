@@ -1,5 +1,9 @@
 """Per-site report: range, asymmetry, kurtosis, chosen parameters, quantization SQNR.
 
+``min``/``max`` and the moments are over the calibration positions (residues, and
+BOS/EOS with ``SpecialTokens.INCLUDE``); ``special_min``/``special_max`` are the
+BOS/EOS positions' own range, always reported separately (LM sites only).
+
 Activation SQNR is estimated on the calibration histogram (bin centres weighted
 by their counts), so no raw activations are kept; weight SQNR is exact.
 """
@@ -68,6 +72,9 @@ def _activation_entry(stats, quant: Optional[ActQuantizer]) -> Dict[str, Any]:
         lo, hi = float(m.min_val), float(m.max_val)
         entry.update(count=stats.count, min=lo, max=hi, mean=float(m.mean), std=float(m.std()),
                      asymmetry=asymmetry(lo, hi), kurtosis=float(m.kurtosis))
+    if stats is not None and getattr(stats, "special_count", 0):
+        entry.update(special_count=stats.special_count, special_min=float(stats.special.min_val),
+                     special_max=float(stats.special.max_val))
     if quant is not None:
         entry["activation"] = quant.spec.describe()
         state = quant.state()
@@ -117,7 +124,8 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-_COLUMNS = ("site", "kind", "group", "min", "max", "asymmetry", "kurtosis", "sqnr_db", "weight_sqnr_db", "activation")
+_COLUMNS = ("site", "kind", "group", "min", "max", "special_min", "special_max", "asymmetry", "kurtosis", "sqnr_db",
+            "weight_sqnr_db", "activation")
 
 
 def report_markdown(rows: Sequence[Dict[str, Any]], title: str = "Per-site quantization report") -> str:

@@ -69,3 +69,14 @@ def test_bench_gptq_quick_prints_both_tables(capsys):
     (row,) = _table_rows(out, "gptq pass |")
     assert float(row[1]) > 0 and re.fullmatch(r"\d+\.\dx", row[2])
     assert len(_table_rows(out, "gptq pass")) == 2  # time and memory tables
+
+def test_bench_special_tokens_prints_every_mode(capsys):
+    bench = _load("bench_special_tokens")
+    assert bench.main(["--models", "tiny-esm2", "--presets", "w8a8-uniform", "--calib", "casp14:3",
+                       "--crop", "32", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = {r[2]: r for r in _table_rows(out, "tiny-esm2") if len(r) == 10}  # the main table
+    assert "| model | preset | site | BOS/EOS range | residue range |" in out
+    assert sorted(rows) == ["clip", "float", "include"]
+    assert float(rows["float"][3]) == 0.0 < float(rows["clip"][3])  # BOS/EOS rows bypass the quantizer
+    assert all(float(rows[m][5]) > 0 for m in rows)  # residue rows are quantized in every mode

@@ -262,3 +262,38 @@ def test_reproduce_study_table_puts_ours_beside_published(tmp_path):
     text = script.format_table(ours, "esmfold")
     assert "| fp | FP32 | 0.7000 (2) | 0.8009 | -0.1009 |" in text
     assert "| w8a8-pwlq | W8 + PWLQ A8 | 0.7000 (1) | 0.7984 | -0.0984 |" in text
+
+
+def test_tm_normalize_sequence_counts_unobserved_native_residues(tmp_path, tiny_esmfold, user_set):
+    """A native missing residues 5-14: ``sequence`` normalises by the full sequence; recorded and printed."""
+    import json
+
+    (tmp_path / "natives").mkdir()
+    text = (user_set / "natives" / "T1.pdb").read_text()
+    (tmp_path / "natives" / "T1.pdb").write_text("\n".join(
+        ln for ln in text.splitlines() if not (ln.startswith("ATOM") and 5 <= int(ln[22:26]) <= 14)) + "\n")
+    (tmp_path / "set.fasta").write_text((user_set / "set.fasta").read_text())
+    bench = load_set(f"{tmp_path / 'set.fasta'}:{tmp_path / 'natives'}").select(["T1"])
+    out_dir = tmp_path / "run"
+    out = evaluate_structure(tiny_esmfold, bench, ["fp"], out_dir,
+                             RunOptions(calibration=None, num_recycles=0, tm_normalize="sequence"))
+    row = _rows(out["results"])[0]
+    native = load_structure(tmp_path / "natives" / "T1.pdb")
+    pred = load_structure(out_dir / row["pdb"])
+    by_sequence = tm_score(pred, native, pairing="sequence", normalize="sequence")
+    by_native = tm_score(pred, native, pairing="sequence")
+    observed = int(np.isfinite(native.ca).all(-1).sum())
+    assert int(row["native_length"]) == by_sequence.length == 30 and by_native.length == observed < 30
+    assert float(row["tm_score"]) == pytest.approx(by_sequence.tm_score, abs=1e-5)
+    assert by_sequence.tm_score < by_native.tm_score
+    assert json.loads((out_dir / "run.json").read_text())["tm_normalize"] == "sequence"
+    assert "normalised by the prediction's full sequence length" in out["summary"].read_text()
+    with pytest.raises(ValueError, match="tm_normalize"):  # resuming with the other normalisation is refused
+        evaluate_structure(tiny_esmfold, bench, ["fp"], out_dir, FAST)
+
+
+def test_run_options_reject_an_unknown_tm_normalize():
+    from ptq_protein.errors import InputError
+
+    with pytest.raises(InputError, match="tm_normalize='model' is not one of"):
+        RunOptions(tm_normalize="model")

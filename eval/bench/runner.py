@@ -23,6 +23,7 @@ from torch import nn
 
 from ptq_protein.models.adapters import ESM2_MAX_RESIDUES
 from ptq_protein.eval.bench.results_store import STATUS_OK, TEXT_COLUMNS, ResultsStore, check_run_info, is_done
+from ptq_protein.eval.tmscore import TMNormalize
 from ptq_protein.io_utils import check_out_path, folder_lock, safe_stem
 from ptq_protein.data.sets import BenchmarkSet, Target
 
@@ -44,7 +45,10 @@ class RunOptions:
 
     ``calibration`` is a set spec (``"casp14:50"``), a FASTA path or a list of
     sequences, as :func:`ptq_protein.quantize` takes it. ``max_length`` is the
-    length cap (targets above it are skipped, not fatal).
+    length cap (targets above it are skipped, not fatal). ``tm_normalize``:
+    TM-score/GDT normalised by the native's observed residues (``"native"``) or
+    the prediction's full sequence (``"sequence"``, the study's ``TMscore native
+    pred``); see :class:`~ptq_protein.eval.tmscore.TMNormalize`.
     """
 
     calibration: Any = "casp14:50"
@@ -53,8 +57,10 @@ class RunOptions:
     num_recycles: Optional[int] = None
     progress: bool = False
     calib_max_length: Optional[int] = None
+    tm_normalize: TMNormalize = TMNormalize.NATIVE
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "tm_normalize", TMNormalize.parse(self.tm_normalize))
         for name in ("max_length", "batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

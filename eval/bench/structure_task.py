@@ -11,6 +11,8 @@ resumed run needs no FP refold).
 Residue pairing with the native follows ``Target.numbering``: ``sequence``
 (native residue i is sequence position i) pairs by number, ``author`` pairs by
 sequence alignment. Targets without a native are scored against FP only.
+Scores against the native are normalised as ``RunOptions.tm_normalize`` says
+(recorded in ``run.json`` and printed in ``summary.md``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ptq_protein.eval.bench.runner import (FP_RECIPE, RunOptions, normalize_reci
 from ptq_protein.eval.bench.summary import MetricSpec, write_outputs
 from ptq_protein.io_utils import atomic_write_text
 from ptq_protein.eval.bench.results_store import ResultsStore
+from ptq_protein.eval.tmscore import TMNormalize
 from ptq_protein.data.sets import BenchmarkSet, Numbering, Target
 
 __all__ = ["STRUCTURE_COLUMNS", "STRUCTURE_METRICS", "evaluate_structure", "score_prediction"]
@@ -69,26 +72,38 @@ def evaluate_structure(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[
 
     require_esmfold(model)
     out_dir = Path(out_dir)
-    with open_run(out_dir, {"command": "eval structure", **(run_info or {})}, STRUCTURE_COLUMNS) as store:
+    run_info = {"command": "eval structure", **(run_info or {}), "tm_normalize": options.tm_normalize.value}
+    with open_run(out_dir, run_info, STRUCTURE_COLUMNS) as store:
         return _run(model, bench, recipes, out_dir, store, options, note)
 
 
 def _run(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[str], out_dir: Path, store: ResultsStore,
          options: RunOptions, note: str) -> Dict[str, Any]:
     def evaluate(recipe: str, qmodel: nn.Module, target: Target) -> Dict[str, Any]:
-        return _fold_and_score(qmodel, bench, target, recipe, out_dir, options.num_recycles)
+        return _fold_and_score(qmodel, bench, target, recipe, out_dir, options)
 
     counts = run_recipes(model, bench, recipes, store, evaluate, options)
     paths = write_outputs(out_dir, store.rows(), normalize_recipes(recipes), bench.ids, STRUCTURE_METRICS,
-                          title=f"eval structure: {bench.name}", note=note)
+                          title=f"eval structure: {bench.name}", note=note,
+                          details=[_NORMALIZE_LINE[options.tm_normalize]])
     return {**paths, "results": store.path, "counts": counts}
 
 
-def score_prediction(pdb_text: str, native: Any, numbering: Union[str, Numbering]) -> Dict[str, float]:
+_NORMALIZE_LINE = {
+    TMNormalize.NATIVE: "TM-score and GDT vs native are normalised by the native's observed residues "
+                        "(`--tm-normalize native`, as `TMscore pred native`).",
+    TMNormalize.SEQUENCE: "TM-score and GDT vs native are normalised by the prediction's full sequence length "
+                          "(`--tm-normalize sequence`, as `TMscore native pred`: unobserved residues count as misses).",
+}
+
+
+def score_prediction(pdb_text: str, native: Any, numbering: Union[str, Numbering],
+                     tm_normalize: Union[str, TMNormalize] = TMNormalize.NATIVE) -> Dict[str, float]:
     """TM-score, GDT-TS/HA, RMSD, lDDT of a predicted PDB against a native structure (or its text).
 
     Pairing: by residue number when ``numbering`` is ``"sequence"``, by
-    sequence alignment when it is ``"author"``.
+    sequence alignment when it is ``"author"``. ``tm_normalize``: see
+    :class:`~ptq_protein.eval.tmscore.TMNormalize` (``native_length`` holds the length used).
     """
     from ptq_protein.eval.lddt import lddt
     from ptq_protein.eval.structure import as_structure
@@ -96,22 +111,22 @@ def score_prediction(pdb_text: str, native: Any, numbering: Union[str, Numbering
 
     pairing = "number" if Numbering(numbering) is Numbering.SEQUENCE else "sequence"
     pred, nat = as_structure(pdb_text), as_structure(native)
-    tm = tm_score(pred, nat, pairing=pairing)
+    tm = tm_score(pred, nat, pairing=pairing, normalize=tm_normalize)
     return {"tm_score": tm.tm_score, "gdt_ts": tm.gdt_ts, "gdt_ha": tm.gdt_ha, "rmsd": tm.rmsd,
             "n_aligned": tm.n_aligned, "native_length": tm.length,
             "lddt": lddt(pred, nat, pairing=pairing).lddt}
 
 
 def _fold_and_score(model: nn.Module, bench: BenchmarkSet, target: Target, recipe: str, out_dir: Path,
-                    num_recycles: Optional[int]) -> Dict[str, Any]:
+                    options: RunOptions) -> Dict[str, Any]:
     from ptq_protein.eval.bench.folding import fold_one
 
-    pdb_text, plddt, ca = fold_one(model, target.sequence, num_recycles)
+    pdb_text, plddt, ca = fold_one(model, target.sequence, options.num_recycles)
     path = prediction_path(out_dir, "pdb", recipe, target.id, ".pdb")
     atomic_write_text(path, pdb_text)
     row: Dict[str, Any] = {"plddt": plddt, "pdb": path.relative_to(out_dir).as_posix()}
     if target.native_path is not None:
-        row.update(score_prediction(pdb_text, bench.native_text(target), target.numbering))
+        row.update(score_prediction(pdb_text, bench.native_text(target), target.numbering, options.tm_normalize))
     if recipe == FP_RECIPE:
         row.update(tm_fidelity=1.0, rmsd_vs_fp=0.0)
     else:

@@ -108,14 +108,18 @@ def summarize(rows: Sequence[Mapping[str, Any]], recipes: Sequence[str], metric:
 
 
 def render_summary(rows: Sequence[Mapping[str, Any]], recipes: Sequence[str], target_ids: Sequence[str],
-                   metrics: Sequence[MetricSpec], title: str, note: str = "") -> str:
-    """The summary.md text: headline table with Δ vs FP, all-metric means, worst targets, rows not scored."""
+                   metrics: Sequence[MetricSpec], title: str, note: str = "", details: Sequence[str] = ()) -> str:
+    """The summary.md text: headline table with Δ vs FP, all-metric means, worst targets, rows not scored.
+
+    ``details``: lines about how the metrics were computed, printed under the counts.
+    """
     head = metrics[0]
     lines = [f"# {title}", ""]
     if note:
         lines += [f"> **Note:** {note}", ""]
-    lines += [f"{len(target_ids)} targets x {len(recipes)} recipes; {_status_line(rows, recipes)}", "",
-              f"## {head.label}", "",
+    lines += [f"{len(target_ids)} targets x {len(recipes)} recipes; {_status_line(rows, recipes)}", ""]
+    lines += [line for d in details for line in (d, "")]
+    lines += [f"## {head.label}", "",
               "| recipe | n | mean | median | Δ mean vs FP [95% CI] | wins / losses / ties |",
               "| --- | ---: | ---: | ---: | --- | --- |"]
     for s in summarize(rows, recipes, head):
@@ -171,7 +175,7 @@ def plot_scatter(rows: Sequence[Mapping[str, Any]], recipes: Sequence[str], metr
 
 def write_outputs(out_dir: Union[str, Path], rows: Sequence[Mapping[str, Any]], recipes: Sequence[str],
                   target_ids: Sequence[str], metrics: Sequence[MetricSpec], title: str,
-                  note: str = "") -> Dict[str, Path]:
+                  note: str = "", details: Sequence[str] = ()) -> Dict[str, Path]:
     """Write ``summary.md`` and the scatter PNG (headline = ``metrics[0]``) into ``out_dir``; return their paths.
 
     Only rows of ``recipes`` x ``target_ids`` are summarised, so a resumed run
@@ -181,7 +185,7 @@ def write_outputs(out_dir: Union[str, Path], rows: Sequence[Mapping[str, Any]], 
     wanted = set(target_ids)
     rows = [r for r in rows if r["target"] in wanted and r["recipe"] in recipes]
     summary = out_dir / SUMMARY_NAME
-    atomic_write_text(summary, render_summary(rows, recipes, target_ids, metrics, title, note))
+    atomic_write_text(summary, render_summary(rows, recipes, target_ids, metrics, title, note, details))
     plot = plot_scatter(rows, recipes, metrics[0], out_dir / PLOT_NAME, title=f"{title}: {metrics[0].label}")
     return {"summary": summary, "plot": plot}
 

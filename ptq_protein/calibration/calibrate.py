@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import itertools
 import logging
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from torch import nn
 from ptq_protein.models.adapters import Batch, ModelAdapter
 from ptq_protein.config import Granularity, RangeMethod, SiteKind, TensorQuant
 from ptq_protein.errors import InputError
-from ptq_protein.calibration.masks import align_mask, valid_boxes
+from ptq_protein.calibration.masks import align_mask, special_positions, valid_boxes
 from ptq_protein.calibration.matmul_sites import MatmulInterceptor, subsite_name
 from ptq_protein.quant.histogram import HistogramObserver
 from ptq_protein.quant.observers import MinMaxObserver, TopKObserver
@@ -53,8 +54,12 @@ class SiteStats:
     calls: int = 0
     unmasked_calls: int = 0
     history: int = 0  # a fingerprint of the tensors observed so far (see _Observation)
+    # Range of the BOS/EOS positions on their own (reported by inspect; they only feed the
+    # other statistics with include_special): exact min/max and the number of values.
+    special: MinMaxObserver = field(default_factory=MinMaxObserver)
+    special_count: int = 0
 
-    _OBSERVERS = ("moments", "minmax", "histogram", "topk")
+    _OBSERVERS = ("moments", "minmax", "histogram", "topk", "special")
 
     def __post_init__(self) -> None:
         per_channel = self.spec.granularity is Granularity.PER_CHANNEL
@@ -94,6 +99,13 @@ class SiteStats:
         for name in self._OBSERVERS:
             setattr(self, name, copy.deepcopy(getattr(other, name)))
         self.calls, self.unmasked_calls, self.history = other.calls, other.unmasked_calls, other.history
+        self.special_count = other.special_count
+
+    def update_special(self, values: torch.Tensor) -> None:
+        """Fold the values at BOS/EOS positions (any shape, already checked finite) into ``special``."""
+        if values.numel():
+            self.special.update(torch.stack([values.amin(), values.amax()]), checked=True)
+            self.special_count += values.numel()
 
 
 def _extremes(parts: Sequence[torch.Tensor]) -> tuple:
@@ -162,11 +174,17 @@ def _version(x: torch.Tensor) -> Optional[int]:
 
 
 class _MaskState:
-    """The current batch, its per-shape masks and the last observation, read by every hook."""
+    """The current batch, its per-shape masks and the last observation, read by every hook.
 
-    def __init__(self) -> None:
+    With ``include_special`` the BOS/EOS positions count as valid (the batch's
+    token mask is widened to them); padding never does.
+    """
+
+    def __init__(self, include_special: bool = False) -> None:
+        self.include_special = include_special
         self._batch: Optional[Batch] = None
         self._boxes: Dict[tuple, Any] = {}
+        self._special: Dict[tuple, Any] = {}
         self.last: Optional[_Observation] = None
         self.observations = itertools.count(1)
 
@@ -176,7 +194,21 @@ class _MaskState:
 
     @batch.setter
     def batch(self, batch: Optional[Batch]) -> None:
-        self._batch, self._boxes, self.last = batch, {}, None
+        if batch is not None and self.include_special and batch.special_mask is not None:
+            batch = dataclasses.replace(batch, token_mask=batch.token_mask | batch.special_mask)
+        self._batch, self._boxes, self._special, self.last = batch, {}, {}, None
+
+    def special(self, x: torch.Tensor, channel_last: bool) -> Optional[torch.Tensor]:
+        """Mask of the BOS/EOS positions of ``x`` (cached per shape), or None when it has none."""
+        b = self._batch
+        if b is None or b.special_mask is None:
+            return None
+        key = (tuple(x.shape), channel_last, x.device)
+        if key not in self._special:
+            special = b.special_mask.to(x.device)
+            computed = b.token_mask.to(x.device) | special
+            self._special[key] = special_positions(x.shape, computed, special, channel_last)
+        return self._special[key]
 
     def boxes(self, x: torch.Tensor, channel_last: bool):
         """Per-sequence boxes of valid positions (cached per shape), or None."""
@@ -221,16 +253,27 @@ def _observe(x: torch.Tensor, state: _MaskState, stats: SiteStats, channel_last:
     version = _version(x)
     state.last = None if version is None else _Observation(x, version, channel_last, before, stats)
     parts = [p for p in parts if p.numel()]
+    special = state.special(x, channel_last)
+    if special is not None:
+        parts_special = x.detach()[special.expand(x.shape)].float()
+        _check_finite(parts_special, stats)
+        stats.update_special(parts_special)
     if not parts:
         return
     extremes = _extremes(parts)
     if not all(map(torch.isfinite, extremes)):  # NaN/Inf always reach the extremes
-        kind = "NaN" if any(torch.isnan(p).any() for p in parts) else "Inf"
-        raise InputError(
-            f"{kind} in activations at site {stats.site.name} during calibration: the float model itself "
-            "produces non-finite values on these sequences; check the weights, or use --dtype float32"
-        )
+        _check_finite(torch.cat([p.reshape(-1) for p in parts]), stats)
     stats.update(parts, extremes)
+
+
+def _check_finite(values: torch.Tensor, stats: SiteStats) -> None:
+    if bool(torch.isfinite(values).all()):
+        return
+    kind = "NaN" if bool(torch.isnan(values).any()) else "Inf"
+    raise InputError(
+        f"{kind} in activations at site {stats.site.name} during calibration: the float model itself "
+        "produces non-finite values on these sequences; check the weights, or use --dtype float32"
+    )
 
 
 class _RecordingHost(nn.Module):
@@ -257,10 +300,11 @@ class _RecordingHost(nn.Module):
 
 
 @contextlib.contextmanager
-def collect_stats(model: nn.Module, sites: Sequence[Site], specs: Dict[str, TensorQuant]) -> Iterator[tuple]:
+def collect_stats(model: nn.Module, sites: Sequence[Site], specs: Dict[str, TensorQuant],
+                  include_special: bool = False) -> Iterator[tuple]:
     """Attach observers to ``sites``; yields (stats by site name, mask state)."""
     modules = dict(model.named_modules())
-    state = _MaskState()
+    state = _MaskState(include_special)
     stats: Dict[str, SiteStats] = {}
     handles, swapped = [], []
     try:
@@ -292,8 +336,12 @@ def _make_hook(stats: SiteStats, state: _MaskState):
 
 def calibrate(model: nn.Module, adapter: ModelAdapter, sites: Sequence[Site], specs: Dict[str, TensorQuant],
               sequences: Sequence[str], batch_size: int = 8, progress: bool = False,
-              forward_kwargs: Optional[dict] = None) -> Dict[str, SiteStats]:
+              forward_kwargs: Optional[dict] = None, include_special: bool = False) -> Dict[str, SiteStats]:
     """Run ``sequences`` through ``model`` and return statistics per activation site.
+
+    Residue positions feed the statistics; BOS/EOS positions too with
+    ``include_special`` (``SpecialTokens.INCLUDE``), and their own min/max
+    always (``SiteStats.special``). Padding never does.
 
     Sites that never saw a valid value are reported by the caller (they stay in
     floating point); a site whose layout could not be aligned with the masks is
@@ -313,7 +361,7 @@ def calibrate(model: nn.Module, adapter: ModelAdapter, sites: Sequence[Site], sp
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), adapter.calibration_mode(model), collect_stats(model, sites, specs) as (stats, state):
+        with torch.no_grad(), adapter.calibration_mode(model), collect_stats(model, sites, specs, include_special) as (stats, state):
             for batch in iterator:
                 state.batch = batch
                 adapter.forward(model, batch, **forward_kwargs)

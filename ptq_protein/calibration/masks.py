@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["align_mask", "valid_boxes"]
+__all__ = ["align_mask", "valid_boxes", "special_positions"]
 
 
 def _seq_mask(size: int, token_mask: torch.Tensor, residue_mask: torch.Tensor) -> Optional[torch.Tensor]:
@@ -139,3 +139,21 @@ def valid_boxes(shape: Sequence[int], token_mask: torch.Tensor, residue_mask: to
         if all(runs[i][b][1] > runs[i][b][0] for i in runs):
             boxes.append(tuple(box))
     return boxes
+
+
+def special_positions(shape: Sequence[int], computed: torch.Tensor, special: torch.Tensor,
+                      channel_last: bool = True) -> Optional[torch.Tensor]:
+    """Positions of ``shape`` that involve a BOS/EOS token, or None when there are none.
+
+    ``computed`` [B, T]: tokens the model computes (not padding); ``special``
+    [B, T]: BOS/EOS among them. A position counts when none of its sequence
+    indices is padding and at least one is special (for a pair tensor or an
+    attention map: every row and column of a special token). Tensors without a
+    token dimension (ESMFold's residue-indexed trunk) have none.
+    """
+    every = align_mask(shape, computed, computed, channel_last)
+    if every is None:
+        return None
+    residues = computed & ~special
+    found = every & ~align_mask(shape, residues, residues, channel_last)
+    return found if bool(found.any()) else None

@@ -59,3 +59,9 @@ def calib_crop(args: argparse.Namespace, device) -> "int | None":
             raise ValueError(f"--calib-max-length {args.calib_max_length} must be 0 (no crop) or positive")
         return args.calib_max_length or None
     return CPU_CALIB_MAX_LENGTH if str(device).startswith("cpu") else None
+
+
+def add_tm_normalize_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tm-normalize", default="native", choices=["native", "sequence"],
+                        help="TM-score/GDT length: the native's observed residues (default; 'TMscore MODEL NATIVE') "
+                             "or the prediction's full sequence ('TMscore NATIVE MODEL', as the study ran it)")

@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any, Dict
 
-from ptq_protein.cli.common import (add_calib_crop_option, add_json_option, add_runtime_options, calib_crop,
-                                    print_json, show_progress)
+from ptq_protein.cli.common import (add_calib_crop_option, add_json_option, add_runtime_options,
+                                    add_tm_normalize_option, calib_crop, print_json, show_progress)
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, load_float_model
 
 EXAMPLES = """examples:
@@ -35,11 +35,12 @@ def register(subparsers) -> None:
                                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(structure, default_recipes="fp,w8a8-uniform,w8a8-pwlq")
     structure.add_argument("--num-recycles", type=int, help="ESMFold recycles (default: the model's)")
+    add_tm_normalize_option(structure)
     structure.set_defaults(func=run, eval_kind="structure")
     contacts = sub.add_parser("contacts", help="ESM-2 contact precision by separation range (long-range P@L)",
                               epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(contacts, default_recipes="fp,w8a8-pwlq")
-    contacts.set_defaults(func=run, eval_kind="contacts", num_recycles=None)
+    contacts.set_defaults(func=run, eval_kind="contacts", num_recycles=None, tm_normalize="native")
 
 
 def _add_common(p: argparse.ArgumentParser, default_recipes: str) -> None:
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     cap = args.max_length if args.max_length is not None else (loaded.max_length or ESM2_MAX_RESIDUES)
     options = RunOptions(calibration=args.calib, max_length=cap, batch_size=args.batch_size,
                          num_recycles=args.num_recycles, progress=show_progress(args),
-                         calib_max_length=calib_crop(args, loaded.device))
+                         calib_max_length=calib_crop(args, loaded.device), tm_normalize=args.tm_normalize)
     # What must match for a resumed run (recipes, targets, limit and length cap may change).
     run_info = {"model": args.model, "weights": args.weights, "model_source": loaded.source,
                 "model_sha256": loaded.source_sha256, "set": _set_identity(args.set_spec),

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ptq_protein.cli.common import add_json_option, print_json
+from ptq_protein.cli.common import add_json_option, add_tm_normalize_option, print_json
 
 TMSCORE_EXAMPLES = """examples:
   ptq-protein tmscore pred.pdb native.pdb
   ptq-protein tmscore pred.pdb 7oj2.A.pdb --pairing sequence --json
   ptq-protein tmscore model.cif native.pdb.gz --native-chain B
+  ptq-protein tmscore pred.pdb native.pdb --tm-normalize sequence   # as 'TMscore native pred'
 """
 LDDT_EXAMPLES = """examples:
   ptq-protein lddt pred.pdb native.pdb
@@ -26,9 +27,11 @@ def register(subparsers) -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     p = subparsers.add_parser("tmscore", help="TM-score, GDT-TS, GDT-HA and RMSD of a model against a native",
                               description="Score a model against a native with TMscore's superposition search "
-                                          "(scores normalised by the native length).",
+                                          "(scores normalised by the native's observed residues, or with "
+                                          "--tm-normalize sequence by the model's: TMscore NATIVE MODEL).",
                               epilog=TMSCORE_EXAMPLES, formatter_class=formatter)
     _add_structure_args(p)
+    add_tm_normalize_option(p)
     p.set_defaults(func=run_tmscore)
 
     p = subparsers.add_parser("lddt", help="lDDT of a model against a native (CA-only or all-atom)",
@@ -71,11 +74,14 @@ def _chains(args: argparse.Namespace) -> dict:
 def run_tmscore(args: argparse.Namespace) -> int:
     from ptq_protein.eval.tmscore import tm_score
 
-    result = tm_score(args.model, args.native, pairing=args.pairing, **_chains(args))
+    result = tm_score(args.model, args.native, pairing=args.pairing, normalize=args.tm_normalize, **_chains(args))
     if args.json:
-        print_json({"model": args.model, "native": args.native, "pairing": args.pairing, **result.to_dict()})
+        print_json({"model": args.model, "native": args.native, "pairing": args.pairing,
+                    "tm_normalize": args.tm_normalize, **result.to_dict()})
         return 0
-    print(f"model      {args.model}\nnative     {args.native} (length {result.length}, scores normalised by it)")
+    by = "the native" if args.tm_normalize == "native" else "the model"
+    print(f"model      {args.model}\nnative     {args.native}\nlength     {result.length} ({by}'s residues: "
+          f"scores normalised by it, --tm-normalize {args.tm_normalize})")
     print(f"pairs      {result.n_aligned} residues in common (pairing by {args.pairing})")
     print(f"TM-score   {result.tm_score:.4f}\nRMSD       {result.rmsd:.3f} A (all common residues)")
     print(f"GDT-TS     {result.gdt_ts:.4f}\nGDT-HA     {result.gdt_ha:.4f}")

@@ -35,13 +35,15 @@ class Batch:
     ``token_mask`` [B, T]: True at language-model positions that hold a residue
     (False at BOS/EOS/CLS/padding). ``residue_mask`` [B, L]: True at real
     residues of residue-indexed tensors (ESMFold's trunk; equals token_mask
-    without the BOS/EOS columns).
+    without the BOS/EOS columns). ``special_mask`` [B, T]: True at the BOS/EOS
+    (CLS/EOS) positions the LM computes (never at padding).
     """
 
     inputs: dict
     token_mask: torch.Tensor
     residue_mask: torch.Tensor
     sequences: Tuple[str, ...]
+    special_mask: Optional[torch.Tensor] = None
 
 
 class ModelAdapter:
@@ -115,9 +117,18 @@ class ModelAdapter:
     def forward(self, model: nn.Module, batch: Batch) -> Any:
         raise NotImplementedError
 
+    # -- special tokens ----------------------------------------------------------------
+    def token_ids_tap(self, model: nn.Module) -> Optional[Tuple[str, Tuple[int, ...], int]]:
+        """``(name of the LM's token-embedding module, BOS/EOS ids, padding id)``, or None.
+
+        Every LM forward passes its token ids through that module, so a hook there
+        learns which positions of the call are BOS/EOS (see ``nn/special_tokens``).
+        """
+        return None
+
 
 def _esm_tokens(sequences: Sequence[str]) -> Tuple[torch.Tensor, torch.Tensor]:
-    """ESM tokens [B, L+2] (BOS, residues, EOS, padding) and their residue mask."""
+    """ESM tokens [B, L+2] (BOS, residues, EOS, padding) and their residue mask (see :func:`_special_of`)."""
     alphabet = _esm_alphabet()
     longest = max(len(s) for s in sequences)
     tokens = torch.full((len(sequences), longest + 2), alphabet.padding_idx, dtype=torch.long)
@@ -128,6 +139,16 @@ def _esm_tokens(sequences: Sequence[str]) -> Tuple[torch.Tensor, torch.Tensor]:
         tokens[i, len(seq) + 1] = alphabet.eos_idx
         mask[i, 1:len(seq) + 1] = True
     return tokens, mask
+
+
+def _special_of(tokens: torch.Tensor, residue_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] True at BOS/EOS: computed positions (not padding) that hold no residue."""
+    return (tokens != _esm_alphabet().padding_idx) & ~residue_mask
+
+
+def _first_module(model: nn.Module, names: Sequence[str]) -> Optional[str]:
+    modules = dict(model.named_modules())
+    return next((n for n in names if n in modules), None)
 
 
 _ALPHABET = None
@@ -186,7 +207,12 @@ class FairEsmAdapter(ModelAdapter):
 
     def make_batch(self, sequences: Sequence[str]) -> Batch:
         tokens, mask = _esm_tokens(sequences)
-        return Batch({"tokens": tokens}, mask, mask[:, 1:-1], tuple(sequences))
+        return Batch({"tokens": tokens}, mask, mask[:, 1:-1], tuple(sequences), _special_of(tokens, mask))
+
+    def token_ids_tap(self, model: nn.Module) -> Optional[Tuple[str, Tuple[int, ...], int]]:
+        if not hasattr(model, "embed_tokens"):
+            return None
+        return "embed_tokens", (int(model.cls_idx), int(model.eos_idx)), int(model.padding_idx)
 
     def forward(self, model: nn.Module, batch: Batch) -> Any:
         device = _device_of(model)
@@ -204,7 +230,13 @@ class HFEsmAdapter(ModelAdapter):
     def make_batch(self, sequences: Sequence[str]) -> Batch:
         tokens, mask = _esm_tokens(sequences)
         attention = tokens != _esm_alphabet().padding_idx
-        return Batch({"input_ids": tokens, "attention_mask": attention.long()}, mask, mask[:, 1:-1], tuple(sequences))
+        return Batch({"input_ids": tokens, "attention_mask": attention.long()}, mask, mask[:, 1:-1], tuple(sequences),
+                     _special_of(tokens, mask))
+
+    def token_ids_tap(self, model: nn.Module) -> Optional[Tuple[str, Tuple[int, ...], int]]:
+        name = _first_module(model, ("embeddings.word_embeddings", "esm.embeddings.word_embeddings"))
+        alphabet = _esm_alphabet()  # the HF ESM vocabulary is fair-esm's
+        return None if name is None else (name, (alphabet.cls_idx, alphabet.eos_idx), alphabet.padding_idx)
 
     def forward(self, model: nn.Module, batch: Batch) -> Any:
         device = _device_of(model)
@@ -251,9 +283,18 @@ class HFEsmFoldAdapter(ModelAdapter):
             aatype[i, :len(seq)] = torch.tensor([rc.restype_order_with_x.get(a, x_index) for a in seq])
             residue_mask[i, :len(seq)] = True
         token_mask = torch.nn.functional.pad(residue_mask, (1, 1), value=False)
+        special = torch.zeros_like(token_mask)  # the LM stem's input: BOS, residues, EOS, padding
+        special[:, 0] = True
+        special[torch.arange(len(sequences)), torch.tensor([len(s) + 1 for s in sequences])] = True
         inputs = {"input_ids": aatype, "attention_mask": residue_mask.long(),
                   "position_ids": torch.arange(longest).expand(len(sequences), -1)}
-        return Batch(inputs, token_mask, residue_mask, tuple(sequences))
+        return Batch(inputs, token_mask, residue_mask, tuple(sequences), special)
+
+    def token_ids_tap(self, model: nn.Module) -> Optional[Tuple[str, Tuple[int, ...], int]]:
+        if _first_module(model, ("esm.embeddings.word_embeddings",)) is None:
+            return None
+        return ("esm.embeddings.word_embeddings", (int(model.esm_dict_cls_idx), int(model.esm_dict_eos_idx)),
+                int(model.esm_dict_padding_idx))
 
     def forward(self, model: nn.Module, batch: Batch, num_recycles: Optional[int] = None) -> Any:
         device = _device_of(model)

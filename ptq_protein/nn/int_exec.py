@@ -12,6 +12,9 @@ integers, on one of these engines (:class:`Engine`):
   one it handles, else ``reference``.
 
 :func:`engine_used` tells which engine a model's last forward ran.
+
+Rows the quantizer keeps in floating point (BOS/EOS, :mod:`ptq_protein.nn.special_tokens`)
+are then recomputed in float by ``QuantLinear._float_rows``, as in the fake backend.
 """
 
 from __future__ import annotations

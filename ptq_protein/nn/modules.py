@@ -61,6 +61,10 @@ class ActQuantizer(nn.Module):
             self.register_buffer("zero_point", zero_point.detach().to(torch.int32).clone())
         if spec.scheme is Scheme.PWLQ and not spec.runtime_breakpoints and codebook is None:
             raise ValueError("a static piecewise-linear activation quantizer needs a codebook")
+        # Set by nn.special_tokens.keep_special_tokens_float_ (plain attributes, not state):
+        # rows at BOS/EOS positions of the running forward bypass the quantizer.
+        self.special_tokens = None
+        self.channel_last = True
 
     def _apply(self, fn, recurse=True):
         self._table = None
@@ -157,13 +161,24 @@ class ActQuantizer(nn.Module):
         q = torch.minimum(torch.maximum(torch.round((xf - off.to(xf.dtype)) / sc.to(xf.dtype)), lo), hi)
         return off + sc * q.to(torch.float32)
 
+    def special_rows(self, x: torch.Tensor) -> Optional[torch.Tensor]:
+        """Bool mask broadcastable to ``x``, True where x stays in floating point (BOS/EOS), or None."""
+        context = self.special_tokens
+        return None if context is None else context.rows(x, self.channel_last)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Fake quantization: the values the integer path decodes, in x's dtype; NaN propagates."""
+        """Fake quantization: the values the integer path decodes, in x's dtype; NaN propagates.
+
+        Rows at BOS/EOS positions (:meth:`special_rows`) are returned unchanged.
+        """
         if self.is_static and x.is_floating_point():
-            return self._fake_static(x)
-        codes, params = self.encode(x)
-        out = self.decode(codes, params)
-        return torch.where(torch.isnan(x), x.to(out.dtype), out).to(x.dtype)
+            out = self._fake_static(x)
+        else:
+            codes, params = self.encode(x)
+            out = self.decode(codes, params)
+            out = torch.where(torch.isnan(x), x.to(out.dtype), out).to(x.dtype)
+        keep = self.special_rows(x)
+        return out if keep is None else torch.where(keep, x, out)
 
     def state(self) -> Dict[str, Any]:
         """JSON-able parameters (the tensors are small: scalars or [C])."""
@@ -285,11 +300,26 @@ class QuantLinear(nn.Module):
         if self.backend is Backend.INT8 and self.input_quant is not None and self.weight_spec is not None:
             from ptq_protein.nn.int_exec import int_linear
 
-            return int_linear(self, x)
-        if self.input_quant is not None:
-            x = self.input_quant(x)
+            return self._float_rows(x, int_linear(self, x))
+        xq = x if self.input_quant is None else self.input_quant(x)
         bias = None if self.bias is None else self.bias.to(x.dtype)
-        return F.linear(x, self.dequantized_weight(x.dtype), bias)
+        return self._float_rows(x, F.linear(xq, self.dequantized_weight(x.dtype), bias))
+
+    def _float_rows(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``y`` with its BOS/EOS rows replaced by the float product of ``x``'s (see ActQuantizer.special_rows).
+
+        Both backends compute those rows with this one small GEMM, so they agree on
+        them bit for bit (a GEMM over a subset of rows may round differently from
+        the full one).
+        """
+        keep = None if self.input_quant is None else self.input_quant.special_rows(x)
+        if keep is None:
+            return y
+        rows = keep.expand(*x.shape[:-1], 1).reshape(-1)
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        flat = y.reshape(-1, y.shape[-1])
+        flat[rows] = F.linear(x.reshape(-1, x.shape[-1])[rows], self.dequantized_weight(x.dtype), bias).to(y.dtype)
+        return flat.reshape(y.shape)
 
     def extra_repr(self) -> str:
         w = "fp" if self.weight_spec is None else self.weight_spec.describe()

@@ -2,6 +2,12 @@
 
 Each family of recipes is one file in this folder exporting ``PRESETS`` (name ->
 QuantConfig) and ``DOCS`` (name -> one line); :mod:`ptq_protein.presets` merges them.
+
+Every recipe here keeps the LM's BOS/EOS rows in floating point at its activation
+sites (``special_tokens="float"``, the QuantConfig default; measured against
+``include`` and ``clip`` by scripts/bench_special_tokens.py): an "A8" recipe stores
+8 bits per activation value on residue and padding rows, and those two rows per
+sequence stay in the model's dtype.
 """
 
 from __future__ import annotations

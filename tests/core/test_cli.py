@@ -41,8 +41,12 @@ def test_quantize_then_fold_writes_parseable_pdbs(tmp_path, capsys):
 def test_inspect_writes_report_and_plot(tmp_path, capsys):
     code, out, err = _run(capsys, "inspect", "tiny-esm2", "--calib", "casp14:2", "--out", str(tmp_path / "i"))
     assert code == 0, err
-    assert "asymmetry" in out
+    assert "asymmetry" in out and "special_min" in out and "special_max" in out  # BOS/EOS ranges apart
     assert (tmp_path / "i" / "report.json").exists() and (tmp_path / "i" / "histograms.png").exists()
+    rows = json.loads((tmp_path / "i" / "report.json").read_text())
+    lm = [r for r in rows if "special_max" in r]
+    assert lm and all(r["special_count"] > 0 for r in lm)
+    assert max(r["special_max"] - r["special_min"] for r in lm) > max(r["max"] - r["min"] for r in lm)
 
 
 @pytest.mark.parametrize("argv, needle", [

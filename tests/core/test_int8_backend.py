@@ -64,5 +64,30 @@ def test_esmfold_int8_matches_fake(esmfold, seqs):
     with torch.no_grad():
         out_f, out_i, frac = _compare(fake, real, lambda m: adapter.forward(m, batch, num_recycles=0)["positions"])
     print("esmfold relative error", relative_error(out_f, out_i), "codes differing", frac)
-    assert relative_error(out_f, out_i) <= 1e-3
-    assert frac < 1e-3
+    # Each site agrees to ~2e-7 (below), but ESMFold's random trunk is chaotic: one code flipped by that
+    # rounding (Triton's epilogue vs torch's) moves every later site. Measured under TRITON_INTERPRET:
+    # 6.6e-4 with BOS/EOS clipped, 9.9e-3 with BOS/EOS in floating point (the flip lands earlier, in the trunk).
+    assert relative_error(out_f, out_i) <= 2e-2
+    assert frac < 1e-2
+    _same_input_sites_agree(fake, real, lambda m: adapter.forward(m, batch, num_recycles=0))
+
+
+def _same_input_sites_agree(fake, real, run):
+    """Every quantized Linear of ``real`` fed the input its ``fake`` twin saw: identical codes, outputs to 1e-5."""
+    inputs, handles = {}, []
+    for name, module in fake.named_modules():
+        if isinstance(module, QuantLinear) and module.input_quant is not None:
+            handles.append(module.register_forward_pre_hook(
+                lambda mod, args, name=name: inputs.setdefault(name, args[0].detach().clone())))
+    try:
+        with torch.no_grad():
+            run(fake)
+    finally:
+        for h in handles:
+            h.remove()
+    twins = dict(real.named_modules())
+    with torch.no_grad():
+        for name, x in inputs.items():
+            f, r = fake.get_submodule(name), twins[name]
+            assert torch.equal(f.input_quant.encode(x)[0], r.input_quant.encode(x)[0]), name
+            assert relative_error(f(x), r(x)) <= 1e-5, name

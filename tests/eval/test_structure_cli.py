@@ -40,6 +40,22 @@ def test_tmscore_table_and_sequence_pairing(capsys, golden):
     assert float(line.split()[1]) == pytest.approx(case["tmscore"]["tm_score"], abs=1e-4)
 
 
+def test_tmscore_tm_normalize_sequence(capsys):
+    """A full-sequence prediction exact on 96 of 164 observed residues: 96/164 by the sequence."""
+    model, native = STRUCTURES / "exact_8ds5.A.model.pdb.gz", STRUCTURES / "8ds5.A.native.pdb.gz"
+    code, out, _ = _run(capsys, "tmscore", model, native, "--pairing", "sequence", "--tm-normalize", "sequence",
+                        "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["tm_normalize"] == "sequence" and data["length"] == 164
+    assert data["tm_score"] == pytest.approx(96 / 164, abs=1e-9)
+    code, out, _ = _run(capsys, "tmscore", model, native, "--pairing", "sequence")
+    assert code == 0 and "96 (the native's residues" in out
+    with pytest.raises(SystemExit) as exit_info:  # argparse: usage line + one error line
+        _run(capsys, "tmscore", model, native, "--tm-normalize", "model")
+    assert exit_info.value.code == 2 and "invalid choice: 'model'" in capsys.readouterr().err
+
+
 def test_lddt_json_and_per_residue(capsys):
     code, out, _ = _run(capsys, "lddt", FULL_NATIVE, FULL_NATIVE, "--json", "--per-residue")
     data = json.loads(out)

@@ -29,12 +29,17 @@ UNRELATED = (("7TV9", "7VNA"), ("7VNA", "7YWG"), ("7YWG", "7PB4"), ("7PB4", "7ER
 SHORT = (12, 18, 21, 30)  # first residues of 7TV9
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def parse_args(description: str) -> argparse.Namespace:
+    """--tmscore, --shared, --out (shared with make_golden_sequence.py)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--tmscore", default="/tmp/TMscore", help="TMscore executable")
     parser.add_argument("--shared", default="/work/shared/data", help="the project's shared data folder")
     parser.add_argument("--out", default=str(Path(__file__).parent), help="output folder")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args(__doc__)
     out, shared = Path(args.out), Path(args.shared)
     (out / "structures").mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(SEED)
@@ -237,15 +242,6 @@ def eigenfold_cases(ctx: dict, shared: Path) -> list:
     11/1, free end gaps); unaligned native residues get numbers no model
     residue has. The stored native keeps its author numbering.
     """
-    from Bio import Align
-    from Bio.Align import substitution_matrices
-
-    aligner = Align.PairwiseAligner(mode="global", substitution_matrix=substitution_matrices.load("BLOSUM62"),
-                                    open_gap_score=-11, extend_gap_score=-1)
-    aligner.end_gap_score = 0
-    three = {"ALA": "A", "ARG": "R", "ASN": "N", "ASP": "D", "CYS": "C", "GLN": "Q", "GLU": "E", "GLY": "G",
-             "HIS": "H", "ILE": "I", "LEU": "L", "LYS": "K", "MET": "M", "PHE": "F", "PRO": "P", "SER": "S",
-             "THR": "T", "TRP": "W", "TYR": "Y", "VAL": "V"}
     out = []
     for sample in sorted((shared / "cameo2022" / "eigenfold_samples").glob("*.pdb.0.pdb")):
         target = sample.name[: -len(".pdb.0.pdb")]
@@ -253,20 +249,40 @@ def eigenfold_cases(ctx: dict, shared: Path) -> list:
         native = read_ca((shared / "cameo2022" / "native" / f"{target}.pdb").read_text())
         native_file = f"{target}.native.pdb.gz"
         write_pdb(ctx["out"] / "structures" / native_file, native)
-        seq_m = "".join(three.get(r[0], "X") for r in model)
-        seq_n = "".join(three.get(r[0], "X") for r in native)
-        alignment = aligner.align(seq_m, seq_n)[0]
-        number = {}
-        for (m0, m1), (n0, n1) in zip(*alignment.aligned):
-            for k in range(m1 - m0):
-                number[n0 + k] = model[m0 + k][1]
-        renumbered = [(r[0], number.get(i, 9000 + i), "", r[3]) for i, r in enumerate(native)]
         scored = ctx["tmp"] / f"{target}.renumbered.pdb.gz"
-        write_pdb(scored, renumbered)
+        write_pdb(scored, renumbered_native(model, native))
         out.append(case(ctx, f"eigenfold_{target}", "eigenfold", model, native_file,
                         "EigenFold sample 0 vs native, paired by sequence alignment", scored_native=scored,
                         pairing="sequence"))
     return out
+
+
+THREE = {"ALA": "A", "ARG": "R", "ASN": "N", "ASP": "D", "CYS": "C", "GLN": "Q", "GLU": "E", "GLY": "G",
+         "HIS": "H", "ILE": "I", "LEU": "L", "LYS": "K", "MET": "M", "PHE": "F", "PRO": "P", "SER": "S",
+         "THR": "T", "TRP": "W", "TYR": "Y", "VAL": "V"}
+
+
+def sequence_alignment(seq_a: str, seq_b: str) -> dict:
+    """{index in b: index in a} of a Biopython global alignment (BLOSUM62, gaps 11/1, free end gaps)."""
+    from Bio import Align
+    from Bio.Align import substitution_matrices
+
+    aligner = Align.PairwiseAligner(mode="global", substitution_matrix=substitution_matrices.load("BLOSUM62"),
+                                    open_gap_score=-11, extend_gap_score=-1)
+    aligner.end_gap_score = 0
+    alignment = aligner.align(seq_a, seq_b)[0]
+    index = {}
+    for (a0, a1), (b0, _) in zip(*alignment.aligned):
+        for k in range(a1 - a0):
+            index[b0 + k] = a0 + k
+    return index
+
+
+def renumbered_native(model: list, native: list) -> list:
+    """The native numbered like the model through the alignment; unaligned residues get numbers >= 9000."""
+    index = sequence_alignment("".join(THREE.get(r[0], "X") for r in model),
+                               "".join(THREE.get(r[0], "X") for r in native))
+    return [(r[0], model[index[i]][1] if i in index else 9000 + i, "", r[3]) for i, r in enumerate(native)]
 
 
 if __name__ == "__main__":
