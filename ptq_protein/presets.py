@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import Dict, Union
 
 from ptq_protein.config import QuantConfig
-from ptq_protein.recipes import ours
+from ptq_protein.recipes import ours, study
 
 __all__ = ["PRESETS", "PRESET_DOCS", "get_preset", "resolve_config", "preset_for_bits"]
 
-_FAMILIES = (ours,)
+_FAMILIES = (ours, study)
 
 PRESETS: Dict[str, QuantConfig] = {}
 PRESET_DOCS: Dict[str, str] = {}
