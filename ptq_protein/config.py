@@ -207,9 +207,9 @@ class StudyOptions:
         if isinstance(self.calls, bool) or not isinstance(self.calls, int) or self.calls < 1:
             raise ValueError(f"study calls={self.calls!r} must be a positive integer (the study used 50)")
         prefixes = (self.weight_prefixes,) if isinstance(self.weight_prefixes, str) else tuple(self.weight_prefixes)
-        if not prefixes or not all(isinstance(p, str) and p for p in prefixes):
-            raise ValueError(f"study weight_prefixes={self.weight_prefixes!r} must be non-empty key prefixes, "
-                             "e.g. ('esm.encoder.', 'trunk.block')")
+        if not prefixes or not all(isinstance(p, str) for p in prefixes):
+            raise ValueError(f"study weight_prefixes={self.weight_prefixes!r} must be state-dict key prefixes, "
+                             "e.g. ('esm.encoder.', 'trunk.block'); ('',) is every key")
         object.__setattr__(self, "weight_prefixes", prefixes)
 
     def to_dict(self) -> Dict[str, Any]:
