@@ -76,7 +76,7 @@ class SiteKind(str, enum.Enum):
     """Where quantization can happen."""
 
     LINEAR = "linear"  # nn.Linear (and subclasses): weight and/or input
-    LAYERNORM = "layernorm"  # the input of a LayerNorm (the study's asymmetric activations)
+    LAYERNORM = "layernorm"  # the input of a LayerNorm (the residual stream: large one-sided outliers)
     MATMUL = "matmul"  # operands of attention score/probability matmuls and triangle einsums
     SOFTMAX = "softmax"  # the input of an nn.Softmax module (ESMFold: the IPA logits); study-* recipes only
 

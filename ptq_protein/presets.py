@@ -1,9 +1,12 @@
 """Named recipes users pick with ``--preset`` / ``pp.quantize(model, "w8a8-pwlq")``.
 
-The recipes live in :mod:`ptq_protein.recipes`, one file per family (ours, the
-study's, the baselines); this module merges them into one registry. Every preset
-keeps embeddings, the LM head, contact regression and the distogram / pLDDT / pTM
-heads in floating point (``quantize_heads=False``).
+The recipes live in :mod:`ptq_protein.recipes`, one file per family: ours
+(:mod:`~ptq_protein.recipes.ours`) and the PTQ4Protein study's own method,
+reproduced bit for bit (:mod:`~ptq_protein.recipes.study`, the ``study-*``
+names). This module merges them into one registry. Our presets keep embeddings,
+the LM head, contact regression and the distogram / pLDDT / pTM heads in
+floating point (``quantize_heads=False``); the study's quantize the heads' inputs
+too, as the study did.
 """
 
 from __future__ import annotations
