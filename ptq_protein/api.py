@@ -203,7 +203,8 @@ def _quantize_study(qmodel: nn.Module, adapter, cfg: QuantConfig, calibration: C
             set_module(qmodel, site.name, QuantInput(qmodel.get_submodule(site.name), quant))
             done[site.name] = f"{site.kind.value} input ({acts.scheme.value})"
             report.append({"site": site.name, "kind": site.kind.value, "group": site.group, "calls": obs.seen,
-                           "calls_used": obs.count, "min": float(bounds[0]), "max": float(bounds[1])})
+                           "calls_used": obs.count, "min": float(bounds[0]), "max": float(bounds[1]),
+                           "activation": acts.describe()})
         if fp_sites:
             log.warning("%d site(s) never ran during calibration and stay in floating point: %s", len(fp_sites),
                         ", ".join(fp_sites[:5]) + (" ..." if len(fp_sites) > 5 else ""))

@@ -18,6 +18,12 @@ What the study's published code (github.com/pengshuang/PTQ4Protein, package
   range buffers included), after the activation quantizers are attached
   (``quant_exp_combine_v1.ipynb#cell10-11``). Structure module in FP.
 
+Runtime as they ran it: calibration and inference use the model as loaded, one
+sequence per forward: on CUDA the loader keeps ESMFold's ESM-2 stem in float16
+(transformers' ``fp16_esm``; their quantizer then computes in float16 there, as
+theirs did), and the chunk size and recycles are the model's own (our recipes
+calibrate unchunked). ``--num-recycles`` still overrides both, as for any recipe.
+
 Where we deliberately differ: the rotary ``inv_freq`` buffers are not rounded
 (their W8 zeroed 12 of 32 frequencies; ``StudyOptions(round_rotary=True)`` does
 it), a site called fewer than 50 times averages the calls it saw (theirs
