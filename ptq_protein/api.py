@@ -196,7 +196,7 @@ def _quantize_study(qmodel: nn.Module, adapter, cfg: QuantConfig, calibration: C
         calib_info = CalibrationInfo(name, len(seqs), _sequences_sha(seqs))
         for site in chosen:
             obs, bounds = observers[site.name], observers[site.name].bounds()
-            if bounds is None:
+            if bounds is None or float(bounds[0]) >= 0.0 >= float(bounds[1]):  # never ran, or always 0 (their assert)
                 fp_sites.append(site.name)
                 continue
             quant = StudyActQuant(acts.scheme, acts.bits, *bounds).to(_device(qmodel.get_submodule(site.name)))

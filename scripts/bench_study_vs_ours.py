@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-PARTS = {"tiny-esmfold": (None, ("esm",), ("trunk",), ("structure",)), "tiny-esm2": (None,)}
+PARTS = {"tiny-esmfold": (("esm",), ("trunk",), ("structure",)), "tiny-esm2": (None,)}
 
 
 def recipes(group: Optional[tuple]) -> Dict[str, object]:
@@ -66,9 +66,9 @@ def run(model_name: str, calib: List[str], held_out: List[str]) -> List[tuple]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--calib", type=int, default=8, help="casp14 calibration sequences (default 8)")
-    p.add_argument("--eval", type=int, default=4, help="held-out cameo139 sequences (default 4)")
-    p.add_argument("--length", type=int, default=48, help="crop every sequence to its first N residues")
+    p.add_argument("--calib", type=int, default=4, help="casp14 calibration sequences (default 4)")
+    p.add_argument("--eval", type=int, default=2, help="held-out cameo139 sequences (default 2)")
+    p.add_argument("--length", type=int, default=32, help="crop every sequence to its first N residues")
     p.add_argument("--models", default="tiny-esmfold,tiny-esm2")
     args = p.parse_args(argv)
     from ptq_protein.data.sets import load_set

@@ -51,6 +51,9 @@ STRUCTURE_ROWS = (
 CONTACT_PUBLISHED = {"FP32": 0.5015, "uniform A8": 0.4627, "W8": 0.5039}
 STUDY_MODEL, STUDY_SET, STUDY_CALIBRATION = "esmfold", "cameo139", "casp14:50"
 CONTACT_MODEL, CONTACT_CALIBRATION = "esm2_t33_650M_UR50D", 50
+# Any other model is a toolkit check (random weights): by default it calibrates on 4 sequences with 0 recycles so
+# that the whole table runs in minutes on a CPU; --calib / --num-recycles restore the study's protocol.
+TOOLKIT_CALIBRATION, TOOLKIT_RECYCLES = "casp14:4", 0
 
 
 def tm_normalize_flag() -> List[str]:
@@ -74,9 +77,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     recipes = list(dict.fromkeys(r for row in STRUCTURE_ROWS for r in row[1:3] if r))
     normalize = tm_normalize_flag()
+    toolkit = args.model != STUDY_MODEL
+    if args.calib is None:
+        args.calib = TOOLKIT_CALIBRATION if toolkit else STUDY_CALIBRATION
+    if args.num_recycles is None and toolkit:
+        args.num_recycles = TOOLKIT_RECYCLES
     command = ["eval", "structure", "--model", args.model, "--recipes", ",".join(recipes), "--set", STUDY_SET,
-               "--calib", STUDY_CALIBRATION, "--out", str(args.out / "structure"), "--device", args.device,
-               ] + normalize
+               "--calib", args.calib, "--out", str(args.out / "structure"), "--device", args.device] + normalize
     for flag, value in (("--weights", args.weights), ("--limit", args.limit),
                         ("--num-recycles", args.num_recycles), ("--calib-max-length", args.calib_max_length)):
         if value is not None:
@@ -86,6 +93,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return code
     means = mean_tm_scores(args.out / "structure" / "results.csv", recipes)
     print(format_table(means, args.model, bool(normalize), args.calib_max_length))
+    print(protocol_note(args.calib, args.num_recycles))
     if args.contacts_data:
         print()
         print(format_contacts(run_contacts(args), args.contacts_model))
@@ -125,6 +133,14 @@ def format_contacts(results: Dict[str, Dict[str, float]], model: str) -> str:
             f"\n- Model {model!r} is not ESM-2 650M: a toolkit check; the published column does not apply.")
     return "\n".join(lines) + "\n\n- P@L with the study's conventions: NaN distances are non-contacts, L = " \
         "sequence length; calibration on the first 50 training domains." + note
+
+
+def protocol_note(calib: str, num_recycles: Optional[int]) -> str:
+    """One line saying how this run's calibration and recycles compare with the study's."""
+    recycles = "the model's" if num_recycles is None else str(num_recycles)
+    same = calib == STUDY_CALIBRATION and num_recycles is None
+    return (f"- Calibration {calib}, recycles {recycles}"
+            + ("" if same else f" (the study: {STUDY_CALIBRATION}, the model's recycles)") + ".")
 
 
 def mean_tm_scores(results_csv: Path, recipes: Sequence[str]) -> Dict[str, tuple]:
@@ -172,7 +188,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", help="ESMFold checkpoint file or Hugging Face folder")
     p.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
     p.add_argument("--limit", type=int, help="only the first N cameo139 targets (a partial check)")
-    p.add_argument("--num-recycles", type=int, help="ESMFold recycles (default: the model's, as in the study)")
+    p.add_argument("--num-recycles", type=int,
+                   help=f"ESMFold recycles (default: the model's, as in the study; {TOOLKIT_RECYCLES} for other models)")
+    p.add_argument("--calib", help=f"calibration set (default {STUDY_CALIBRATION}, the study's; "
+                                   f"{TOOLKIT_CALIBRATION} for other models)")
     p.add_argument("--calib-max-length", type=int,
                    help="crop calibration sequences (default: eval structure's, whole on CUDA; 0 = whole)")
     p.add_argument("--contacts-data", type=Path, help="folder of ESM's structural split: runs the contact experiment")
