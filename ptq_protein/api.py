@@ -19,15 +19,17 @@ from torch import nn
 
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.calibration.calibrate import calibrate
+from ptq_protein.calibration.sites import Site, discover_sites, select_sites, set_module
+from ptq_protein.calibration.study import study_calibrate
 from ptq_protein.config import Backend, QuantConfig, SiteKind, SpecialTokens, TensorQuant
-from ptq_protein.nn.convert import swap_modules_
 from ptq_protein.errors import InputError
-from ptq_protein.nn.modules import ActQuantizer
-from ptq_protein.nn.special_tokens import apply_special_tokens_
-from ptq_protein.presets import resolve_config
+from ptq_protein.nn.convert import swap_modules_
+from ptq_protein.nn.modules import ActQuantizer, QuantInput
 from ptq_protein.nn.qparams import activation_quantizer, needs_calibration
+from ptq_protein.nn.special_tokens import apply_special_tokens_
+from ptq_protein.nn.study import StudyActQuant, study_weights_
+from ptq_protein.presets import resolve_config
 from ptq_protein.report import build_report
-from ptq_protein.calibration.sites import Site, discover_sites, select_sites
 from ptq_protein.transforms.gptq_pass import gptq_model_
 from ptq_protein.transforms.smoothquant import smooth_model_
 
@@ -143,6 +145,9 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     _check_run_options(adapter, calib_max_length, num_recycles)
     qmodel = model if inplace else copy.deepcopy(model)
     adapter.prepare(qmodel)
+    if cfg.study is not None:
+        extra = {"num_recycles": num_recycles} if num_recycles is not None else {}
+        return _quantize_study(qmodel, adapter, cfg, calibration, extra, calib_max_length, progress)
     all_sites = discover_sites(qmodel, adapter)
     if not all_sites:
         raise InputError(f"{type(model).__name__} has no quantizable sites (no Linear or LayerNorm modules)")
@@ -205,6 +210,48 @@ def _check_run_options(adapter, calib_max_length: Optional[int], num_recycles: O
     if num_recycles is not None and adapter.family != "hf-esmfold":
         raise InputError(f"num_recycles={num_recycles} only applies to ESMFold; this is a {adapter.family} model: "
                          "drop it")
+def _quantize_study(qmodel: nn.Module, adapter, cfg: QuantConfig, calibration: CalibrationArg, forward_kwargs: dict,
+                    calib_max_length: Optional[int], progress: bool) -> nn.Module:
+    """A ``study-*`` recipe: the study's calibration, quantizers and W8 (``ptq_protein.quant.study``).
+
+    Order as their ``quant_exp_combine_v1`` notebook: statistics from the float
+    model, activation quantizers attached, then W8 over the state dict (which then
+    rounds the quantizers' range buffers too). Batch size is always 1.
+    """
+    chosen = [s for s in select_sites(discover_sites(qmodel, adapter), cfg) if s.kind is not SiteKind.MATMUL]
+    acts, calib_info, done, fp_sites, report = cfg.activations, None, {}, [], []
+    if acts is not None:
+        if not chosen:
+            raise InputError(f"recipe {cfg.name!r} selects no site of this model: check kinds/groups/include/exclude")
+        name, seqs = resolve_calibration(calibration)
+        seqs = [_crop(s, calib_max_length) for s in adapter.validate(seqs, where="calibration")]
+        observers = study_calibrate(qmodel, adapter, chosen, seqs, acts.topk, cfg.study.calls, forward_kwargs, progress)
+        calib_info = CalibrationInfo(name, len(seqs), _sequences_sha(seqs))
+        for site in chosen:
+            obs, bounds = observers[site.name], observers[site.name].bounds()
+            if bounds is None or float(bounds[0]) >= 0.0 >= float(bounds[1]):  # never ran, or always 0 (their assert)
+                fp_sites.append(site.name)
+                continue
+            quant = StudyActQuant(acts.scheme, acts.bits, *bounds).to(_device(qmodel.get_submodule(site.name)))
+            set_module(qmodel, site.name, QuantInput(qmodel.get_submodule(site.name), quant))
+            done[site.name] = f"{site.kind.value} input ({acts.scheme.value})"
+            report.append({"site": site.name, "kind": site.kind.value, "group": site.group, "calls": obs.seen,
+                           "calls_used": obs.count, "min": float(bounds[0]), "max": float(bounds[1]),
+                           "activation": acts.describe()})
+        if fp_sites:
+            log.warning("%d site(s) never ran during calibration and stay in floating point: %s", len(fp_sites),
+                        ", ".join(fp_sites[:5]) + (" ..." if len(fp_sites) > 5 else ""))
+    if cfg.weights is not None:
+        done.update({k: f"W{cfg.weights.bits} {how}" for k, how in
+                     study_weights_(qmodel, cfg.study, cfg.weights.bits).items()})
+    qmodel.ptq_state = QuantState(cfg, adapter.family, chosen, done, calib_info, report, fp_sites, {})
+    return qmodel
+
+
+def _device(module: nn.Module):
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        return tensor.device
+    return "cpu"
 
 
 def _crop(seq: str, max_length: Optional[int]) -> str:

@@ -126,6 +126,9 @@ def save(qmodel: nn.Module, path: Union[str, Path], *, force: bool = False,
     state: Optional[QuantState] = getattr(qmodel, "ptq_state", None)
     if state is None:
         raise ValueError("this model was not made by ptq_protein.quantize (no ptq_state); quantize it first")
+    if state.config.study is not None:
+        raise ValueError(f"{state.config.name} reproduces the study in float simulation and is not saved as an "
+                         "artifact: use it in memory (pp.quantize, eval structure), or save one of our recipes")
     path = Path(path)
     sites = {s.name: e for s in state.sites if (e := _site_entry(qmodel, s)) is not None}
     tensors, aliases = _tensor_dict(qmodel, sites)

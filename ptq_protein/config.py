@@ -25,6 +25,7 @@ __all__ = [
     "TensorQuant",
     "SmoothQuantSpec",
     "GPTQSpec",
+    "StudyOptions",
     "QuantConfig",
     "CONFIG_VERSION",
 ]
@@ -39,6 +40,9 @@ class Scheme(str, enum.Enum):
     UNIFORM = "uniform"
     PWLQ = "pwlq"  # piecewise-linear (Fang et al. 2020)
     FP8 = "fp8"  # scaled 8-bit floating point (Micikevicius et al. 2022), format in TensorQuant.fp8_format
+    # The PTQ4Protein study's quantizers, bit for bit (ptq_protein.quant.study); only in study-* recipes.
+    STUDY_UNIFORM = "study_uniform"  # per tensor: signed [-2^(b-1), 2^(b-1)-1] x 2M/(2^b-1), or unsigned when min >= 0
+    STUDY_PWLQ = "study_pwlq"  # their pwlq-3: static M, per-call breakpoint, b-bit centre + b-bit [-M, M] tail (b+1 bits)
 
 
 class FP8Format(str, enum.Enum):
@@ -60,7 +64,12 @@ class RangeMethod(str, enum.Enum):
     """How a calibrated activation range is chosen from the observed statistics."""
 
     MINMAX = "minmax"
-    TOPK = "topk"  # median over batches of the k-th extreme (the study's clipping)
+    # Ours: the k-th most extreme residue value (padding and BOS/EOS masked out) of a sample of at
+    # most 2^16 values per calibration batch, median over batches. Not the study's statistic.
+    TOPK = "topk"
+    # The study's: per call (whole tensor, BOS/EOS included, batch 1, first 50 calls only) the lower
+    # median of the k most extreme values, mean over calls (ptq_protein.quant.study_observer).
+    STUDY_TOPK = "study_topk"
     PERCENTILE = "percentile"
     MSE = "mse"  # clipping range minimising the expected squared error on the histogram
 
@@ -79,8 +88,9 @@ class SiteKind(str, enum.Enum):
     """Where quantization can happen."""
 
     LINEAR = "linear"  # nn.Linear (and subclasses): weight and/or input
-    LAYERNORM = "layernorm"  # the input of a LayerNorm (the study's asymmetric activations)
+    LAYERNORM = "layernorm"  # the input of a LayerNorm (the residual stream: large one-sided outliers)
     MATMUL = "matmul"  # operands of attention score/probability matmuls and triangle einsums
+    SOFTMAX = "softmax"  # the input of an nn.Softmax module (ESMFold: the IPA logits); study-* recipes only
 
 
 class Backend(str, enum.Enum):
@@ -124,8 +134,10 @@ class TensorQuant:
     """How one kind of tensor (weights or activations) is quantized.
 
     ``dynamic`` activations get their parameters from each tensor at run time;
-    static ones from calibration. ``runtime_breakpoints`` is the study's PWLQ
-    variant where the breakpoint (and range) is recomputed for every tensor.
+    static ones from calibration. ``runtime_breakpoints`` recomputes our PWLQ's
+    range *and* breakpoints from every tensor (fully dynamic). It is not the
+    study's variant: theirs (``Scheme.STUDY_PWLQ``) keeps a static calibrated
+    range and recomputes only the breakpoint.
     """
 
     bits: int = 8
@@ -166,6 +178,24 @@ class TensorQuant:
         if self.scheme is Scheme.FP8 and (self.bits != 8 or not self.symmetric):
             raise ValueError(f"scheme='fp8' is an 8-bit symmetric float format (got bits={self.bits}, "
                              f"symmetric={self.symmetric}); use bits=8, symmetric=True")
+        self._check_study()
+
+    @property
+    def is_study(self) -> bool:
+        return self.scheme in _STUDY_SCHEMES
+
+    def _check_study(self) -> None:
+        if (self.range_method is RangeMethod.STUDY_TOPK) and not self.is_study:
+            raise ValueError("range_method='study_topk' is the study's statistic: use it with scheme "
+                             "'study_uniform' or 'study_pwlq'")
+        if not self.is_study:
+            return
+        if self.dynamic or self.granularity is Granularity.PER_TOKEN or not self.symmetric:
+            raise ValueError(f"scheme={self.scheme.value!r} is the study's static symmetric quantizer: "
+                             "use dynamic=False, symmetric=True and per_tensor (activations) or per_channel (weights)")
+        if self.topk > _STUDY_MAX_TOPK:
+            raise ValueError(f"topk={self.topk}: the study kept the {_STUDY_MAX_TOPK} extremes of each call; "
+                             f"use k <= {_STUDY_MAX_TOPK}")
 
     def to_dict(self) -> Dict[str, Any]:
         return {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in dataclasses.asdict(self).items()}
@@ -176,6 +206,9 @@ class TensorQuant:
 
     def describe(self) -> str:
         """Short human label, e.g. ``8-bit pwlq per_tensor static``."""
+        if self.scheme is Scheme.STUDY_PWLQ:
+            return (f"{self.bits}-bit study_pwlq ({self.bits + 1} bits/value: {self.bits}-bit centre + "
+                    f"{self.bits}-bit [-M, M] tail) static range, per-call breakpoint")
         mode = "dynamic" if self.dynamic else "static"
         sym = "sym" if self.symmetric else "asym"
         scheme = f"fp8-{self.fp8_format.value}" if self.scheme is Scheme.FP8 else self.scheme.value
@@ -250,6 +283,48 @@ class GPTQSpec:
         return _from_dict(cls, data, "gptq")
 
 
+_STUDY_SCHEMES = (Scheme.STUDY_UNIFORM, Scheme.STUDY_PWLQ)
+_STUDY_MAX_TOPK = 1000  # piecewise_quant/quant_acts.py:16 topk=1000 values stored per call
+
+
+@dataclass(frozen=True)
+class StudyOptions:
+    """How the study ran its quantization (``study-*`` recipes; see ``ptq_protein.quant.study``).
+
+    ``calls``: calibration statistics come from the first ``calls`` calls of each
+    quantizer, one sequence per call (their ``cali_sample_size // cali_batch_size``).
+    ``weight_prefixes``: state-dict key prefixes their W8 covers (their notebooks'
+    filter: ``esm.encoder.`` and ``trunk.block``; every tensor under them, biases,
+    LayerNorm parameters and the activation range buffers included, in that order:
+    activation quantizers are attached first). ``round_rotary``: also round the
+    rotary ``inv_freq`` buffers as their W8 did (12 of 32 frequencies become 0 at
+    head size 64); off by default, a bug we do not replicate unless asked.
+    """
+
+    calls: int = 50
+    weight_prefixes: Tuple[str, ...] = ("esm.encoder.", "trunk.block")
+    round_rotary: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.calls, bool) or not isinstance(self.calls, int) or self.calls < 1:
+            raise ValueError(f"study calls={self.calls!r} must be a positive integer (the study used 50)")
+        prefixes = (self.weight_prefixes,) if isinstance(self.weight_prefixes, str) else tuple(self.weight_prefixes)
+        if not prefixes or not all(isinstance(p, str) for p in prefixes):
+            raise ValueError(f"study weight_prefixes={self.weight_prefixes!r} must be state-dict key prefixes, "
+                             "e.g. ('esm.encoder.', 'trunk.block'); ('',) is every key")
+        object.__setattr__(self, "weight_prefixes", prefixes)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"calls": self.calls, "weight_prefixes": list(self.weight_prefixes), "round_rotary": self.round_rotary}
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "StudyOptions":
+        unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown study fields {sorted(unknown)}; known: calls, weight_prefixes, round_rotary")
+        return cls(**{k: (tuple(v) if k == "weight_prefixes" else v) for k, v in data.items()})
+
+
 _DEFAULT_EXCLUDE = ()  # heads are kept FP by the adapters' own rules, not by globs
 
 
@@ -266,6 +341,8 @@ class QuantConfig:
     ``special_tokens`` says how the LM's BOS/EOS positions are handled at
     activation sites (:class:`SpecialTokens`; default ``float``: they stay in
     floating point, two rows per sequence).
+    ``study`` set (and only then) makes this a study-exact recipe: quantizers of
+    ``Scheme.STUDY_*``, the study's calibration and W8 (:class:`StudyOptions`).
     """
 
     weights: Optional[TensorQuant] = TensorQuant(bits=8, granularity=Granularity.PER_CHANNEL)
@@ -280,6 +357,7 @@ class QuantConfig:
     gptq: Optional[GPTQSpec] = None
     special_tokens: SpecialTokens = SpecialTokens.FLOAT
     name: str = "custom"
+    study: Optional[StudyOptions] = None
     version: int = CONFIG_VERSION
 
     def __post_init__(self) -> None:
@@ -323,8 +401,29 @@ class QuantConfig:
         if self.backend is Backend.INT8 and fp8:
             raise ValueError(f"backend 'int8' runs integer codes, but the {' and '.join(fp8)} of recipe {self.name!r} "
                              "are FP8; run FP8 with backend='fake' (exact float8 simulation)")
+        self._check_study()
         if self.version != CONFIG_VERSION:
             raise ValueError(f"config version {self.version} is not supported (this is version {CONFIG_VERSION}); re-quantize with this release")
+
+    def _check_study(self) -> None:
+        if isinstance(self.study, dict):
+            object.__setattr__(self, "study", StudyOptions.from_dict(self.study))
+        specs = [s for s in (self.weights, self.activations) if s is not None]
+        if self.study is None:
+            if any(s.is_study for s in specs):
+                raise ValueError("the study's schemes need study=StudyOptions() (the study's calibration and W8); "
+                                 "or use a study-* preset")
+            return
+        if not all(s.is_study for s in specs):
+            raise ValueError("a study config quantizes with the study's schemes only: set weights/activations to "
+                             "scheme 'study_uniform' / 'study_pwlq' (or None), or drop study=")
+        if self.activations is not None and self.activations.range_method is not RangeMethod.STUDY_TOPK:
+            raise ValueError("study activations take their range from range_method='study_topk'")
+        if self.weights is not None and (self.weights.scheme is not Scheme.STUDY_UNIFORM
+                                         or self.weights.granularity is not Granularity.PER_CHANNEL):
+            raise ValueError("the study's weights are scheme 'study_uniform', per_channel (per row; 1-D per tensor)")
+        if self.backend is not Backend.FAKE:
+            raise ValueError("study-* recipes simulate in float (backend 'fake'), as the study did")
 
     def replace(self, **changes: Any) -> "QuantConfig":
         return dataclasses.replace(self, **changes)
@@ -344,6 +443,7 @@ class QuantConfig:
             "smoothquant": None if self.smoothquant is None else self.smoothquant.to_dict(),
             "gptq": None if self.gptq is None else self.gptq.to_dict(),
             "special_tokens": self.special_tokens.value,
+            **({} if self.study is None else {"study": self.study.to_dict()}),
         }
 
     @classmethod

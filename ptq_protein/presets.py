@@ -1,12 +1,14 @@
 """Named recipes users pick with ``--preset`` / ``pp.quantize(model, "w8a8-pwlq")``.
 
-The recipes live in :mod:`ptq_protein.recipes`, one file per family (ours, the
-study's, the baselines); this module merges them into one registry. Every preset
-keeps embeddings, the LM head, contact regression and the distogram / pLDDT / pTM
-heads in floating point (``quantize_heads=False``). Ours also keep the language
-model's BOS/EOS rows in floating point at every activation site (two rows per
-sequence, ``special_tokens="float"``, the :class:`~ptq_protein.config.QuantConfig`
-default); residue and padding rows get the preset's bits.
+The recipes live in :mod:`ptq_protein.recipes`, one file per family: ours
+(:mod:`~ptq_protein.recipes.ours`), the field's baselines (:mod:`~ptq_protein.recipes.baselines`:
+SmoothQuant, GPTQ, FP8) and the PTQ4Protein study's own method,
+reproduced bit for bit (:mod:`~ptq_protein.recipes.study`, the ``study-*``
+names). This module merges them into one registry. Our presets keep embeddings,
+the LM head, contact regression and the distogram / pLDDT / pTM heads in
+floating point (``quantize_heads=False``); the study's quantize the heads' inputs
+too, as the study did. Ours and the baselines keep the language model's BOS/EOS
+rows in floating point (``special_tokens="float"``); the study's include them.
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ from __future__ import annotations
 from typing import Dict, Union
 
 from ptq_protein.config import QuantConfig
-from ptq_protein.recipes import baselines, ours
+from ptq_protein.recipes import baselines, ours, study
 
 __all__ = ["PRESETS", "PRESET_DOCS", "get_preset", "resolve_config", "preset_for_bits"]
 
-_FAMILIES = (ours, baselines)
+_FAMILIES = (ours, baselines, study)
 
 PRESETS: Dict[str, QuantConfig] = {}
 PRESET_DOCS: Dict[str, str] = {}

@@ -3,7 +3,9 @@
 A site is a module whose input (and, for Linear, weight) can be quantized:
 every ``nn.Linear`` (transformers' ``EsmFoldLinear`` subclasses it), every
 LayerNorm (torch's, transformers' ``EsmFoldLayerNorm``, fair-esm's
-``ESM1bLayerNorm``), and modules hosting attention / triangle matmuls.
+``ESM1bLayerNorm``), every ``nn.Softmax`` module (ESMFold's IPA softmax; the
+other softmaxes are functional calls), and modules hosting attention / triangle
+matmuls.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ def _kind_of(module: nn.Module):
         return SiteKind.LINEAR
     if is_layernorm(module):
         return SiteKind.LAYERNORM
+    if isinstance(module, nn.Softmax):
+        return SiteKind.SOFTMAX
     if type(module).__name__ in MATMUL_HOSTS:
         return SiteKind.MATMUL
     return None
@@ -100,7 +104,7 @@ def select_sites(sites: List[Site], config: QuantConfig) -> List[Site]:
             continue
         if site.kind is SiteKind.LAYERNORM and config.activations is None:
             continue  # a LayerNorm site only quantizes its input
-        if site.kind is SiteKind.MATMUL and config.activations is None:
+        if site.kind in (SiteKind.MATMUL, SiteKind.SOFTMAX) and config.activations is None:
             continue
         chosen.append(site)
     return chosen

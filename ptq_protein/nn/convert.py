@@ -63,9 +63,9 @@ def swap_modules_(model: nn.Module, sites: Dict[str, Site], input_quants: Dict[s
             new = build_quant_linear(module, config, quant, weight_q=weight_codes.get(name)).to(device)
             set_module(model, name, new)
             done[name] = "linear" + (" W" if config.weights is not None else "") + (" A" if quant is not None else "")
-        elif site.kind is SiteKind.LAYERNORM and quant is not None:
+        elif site.kind in (SiteKind.LAYERNORM, SiteKind.SOFTMAX) and quant is not None:
             set_module(model, name, QuantInput(module, quant))
-            done[name] = "layernorm input"
+            done[name] = f"{site.kind.value} input"
         elif site.kind is SiteKind.MATMUL:
             prefix = f"{name}@"
             subs = {k: q.to(device) for k, q in input_quants.items() if k.startswith(prefix)}

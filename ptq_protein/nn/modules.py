@@ -327,7 +327,7 @@ class QuantLinear(nn.Module):
 
 
 class QuantInput(nn.Module):
-    """Quantize the first input of ``module`` (a LayerNorm: the study's pre-LN activations)."""
+    """Quantize the first input of ``module`` (a LayerNorm or Softmax, or any module in ``study-*`` recipes)."""
 
     def __init__(self, module: nn.Module, input_quant: ActQuantizer):
         super().__init__()

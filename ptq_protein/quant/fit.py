@@ -130,8 +130,9 @@ def pwlq_codebook_for_values(values: torch.Tensor, spec: TensorQuant) -> Piecewi
     """A PWLQ codebook fitted to a tensor's own values (weights; run-time breakpoints).
 
     The range is the tensor's min/max; breakpoints use the optimality condition
-    with the tensor's standard deviation (the study's run-time variant), or the
-    MSE search when that is the configured method.
+    with the tensor's standard deviation, or the MSE search when that is the
+    configured method. Fully dynamic (range too): not the study's pwlq-3, whose
+    range is static and only the breakpoint follows each tensor.
     """
     v = values.detach().float()
     finite = v[torch.isfinite(v)]

@@ -17,7 +17,7 @@ import torch
 
 __all__ = ["NonFiniteError", "check_finite", "MinMaxObserver", "TopKObserver", "prepare_update", "fold_extremes"]
 
-# The study's fallback: when the top-k median of the maxima is <= 0 it uses the
+# The study's fallback, kept: when the top-k median of the maxima is <= 0 it uses the
 # top 5 instead (PTQ4Protein, piecewise_quant/quant_acts.py, act_clip_bounds).
 TOPK_FALLBACK_K = 5
 
@@ -105,15 +105,16 @@ class MinMaxObserver:
 
 
 class TopKObserver:
-    """The study's "top-k median" clipping range, in O(1) memory.
+    """A top-k median clipping range modelled on the study's, in O(1) memory.
 
-    PTQ4Protein (``piecewise_quant/quant_acts.py``) keeps, per calibration batch,
-    the ``k`` smallest and ``k`` largest values; ``act_clip_bounds`` then takes the
-    median of each batch's top-k set (``torch.median``: the lower median) and the
-    mean of those medians over batches, falling back to the top 5 when the upper
-    bound comes out ``<= 0``. This keeps only the running sums of the per-update
-    medians (for ``k`` and for the fallback ``k = 5``), which is the same statistic.
-    A batch with fewer than ``k`` values uses all of them.
+    The reduction is the study's (``piecewise_quant/quant_acts.py``
+    ``act_clip_bounds``: lower median of each update's k extremes, mean over
+    updates, top-5 fallback for a max <= 0), but what it is fed is ours: the
+    masked residue values of each calibration *batch*, sub-sampled to at most
+    2^16 values, over every batch. The study fed whole tensors (BOS/EOS
+    included), one sequence per call, first 50 calls only; that statistic is
+    :class:`ptq_protein.quant.study_observer.StudyTopKObserver`. A batch with
+    fewer than ``k`` values uses all of them.
     """
 
     def __init__(self, k: int = 1000):

@@ -2,8 +2,10 @@
 
 Each side of zero is split by breakpoints into pieces, each a uniform grid with
 its own step; the pieces share the side's codes (all within the stated bit
-width). Unlike the study's code (a ``b``-bit centre plus ``(b-1)``-bit tails,
-effectively ``b + 1`` bits), the total code space here is exactly ``2^bits``.
+width): the total code space here is exactly ``2^bits``. The study's activation
+PWLQ (pwlq-3, :mod:`ptq_protein.quant.study`) is different: a ``b``-bit centre grid
+over ``[-p, p]`` plus a ``b``-bit tail grid over the whole ``[-M, M]``, i.e. two
+full ``b``-bit codes and a region flag, ``b + 1`` bits per value.
 
 Value 0 sits on the zero code ``z`` (default 0). Positive side, knots
 ``0 = v_0 < v_1 < ... < v_K = m_pos`` and code counts ``n_1..n_K`` (summing to

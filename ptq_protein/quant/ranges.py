@@ -51,7 +51,7 @@ def minmax_range(obs: MinMaxObserver | MomentsObserver, symmetric: bool = False)
 
 
 def topk_range(obs: TopKObserver, symmetric: bool = False):
-    """The study's top-k median bounds (see :class:`TopKObserver`)."""
+    """Top-k median bounds of our masked, sampled statistic (see :class:`TopKObserver`; not the study's feed)."""
     lo, hi = obs.compute()
     return _symmetrize(lo, hi) if symmetric else (lo, hi)
 

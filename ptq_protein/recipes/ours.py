@@ -32,7 +32,8 @@ def per_channel_weights(bits: int) -> TensorQuant:
 
 
 def _uniform_acts(bits: int) -> TensorQuant:
-    # The study's baseline: static per-tensor symmetric, range from the top-k median clipping.
+    # Static per-tensor symmetric, codes [-127, 127], range from our top-k median over masked residue
+    # values (k=100). Modelled on the study's baseline but not it: see study-a8-uniform for theirs.
     return TensorQuant(bits=bits, scheme=Scheme.UNIFORM, symmetric=True, range_method=RangeMethod.TOPK)
 
 
@@ -73,9 +74,11 @@ PRESETS: Dict[str, QuantConfig] = {
 
 DOCS: Dict[str, str] = {
     "fp": "no quantization (the full-precision reference)",
-    "w8a8-uniform": "W8 per-channel + static per-tensor symmetric uniform A8 on Linear and LayerNorm inputs (the study's baseline)",
-    "w8a8-pwlq": "W8 per-channel + static piecewise-linear A8 on Linear and LayerNorm inputs (the study's method)",
-    "a8-uniform": "uniform A8 only, weights in floating point (the study's activation-only baseline)",
+    "w8a8-uniform": "W8 per-channel + static per-tensor symmetric uniform A8 (codes [-127,127], top-100 of residue "
+                    "values) on Linear and LayerNorm inputs; ours, not the study's (that is study-a8-uniform)",
+    "w8a8-pwlq": "W8 per-channel + static asymmetric PWLQ A8 (8 bits/value, range and breakpoints calibrated on "
+                 "residue values) on Linear and LayerNorm inputs; ours, not the study's pwlq-3 (study-w8a8-pwlq)",
+    "a8-uniform": "uniform A8 only (as in w8a8-uniform), weights in floating point; the study's row is study-a8-uniform",
     "a8-pwlq": "piecewise-linear A8 only, weights in floating point",
     "w8-only": "W8 per-channel weights only, activations in floating point",
     "w4-only": "W4 per-channel weights only",

@@ -1,0 +1,86 @@
+"""The study's range statistic as an observer: top-k extremes of the first calls, whole tensors.
+
+Their calibration quantizer (``piecewise_quant/quant_acts.py:35-44``) sorts the
+whole input of each call (no mask: BOS/EOS included; batch 1, so no padding)
+and keeps the 1000 smallest and 1000 largest values of the first
+``cali_sample_size // cali_batch_size = 50`` calls; later calls are ignored.
+The reduction (``quant_acts.py:130-140``) only reads the k (or 5) extremes at
+either end, so this observer keeps ``max(k, 5)`` per side per call, which gives
+the same result.
+
+One deliberate difference: their buffer has 50 rows whatever happened, so a
+quantizer called fewer than 50 times averages zero rows into its mean. In their
+runs every executed quantizer was called at least 50 times (the calibration set
+has 50 sequences), so the two agree there; here the mean is over the calls seen,
+so a smaller calibration set does not shrink the ranges toward zero.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+
+from ptq_protein.quant.study import TOPK_FALLBACK, study_topk_reduce
+
+__all__ = ["StudyTopKObserver", "STUDY_CALLS"]
+
+STUDY_CALLS = 50  # quant_acts.py:17,28 cali_sample_size=50 // cali_batch_size=1
+
+
+class StudyTopKObserver:
+    """Per call, the ``max(k, 5)`` smallest and largest values of the whole tensor (first ``calls`` calls).
+
+    ``bounds()`` returns the calibrated ``(min, max)`` as float32 0-dim tensors,
+    exactly as their ``act_clip_bounds`` computes them from the same calls.
+    """
+
+    def __init__(self, k: int, calls: int = STUDY_CALLS):
+        if k < 1 or calls < 1:
+            raise ValueError(f"k={k} and calls={calls} must be at least 1")
+        self.k, self.calls = k, calls
+        self.keep = max(k, TOPK_FALLBACK)
+        self._mins: List[torch.Tensor] = []
+        self._maxs: List[torch.Tensor] = []
+        self.seen = 0  # every call, also those past ``calls``
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        """Fold one call's whole input (any shape, any float dtype)."""
+        self.seen += 1
+        if len(self._mins) >= self.calls or x.numel() == 0:
+            return
+        flat = x.detach().reshape(-1)
+        n = min(self.keep, flat.numel())
+        # torch.topk picks the same values as their full sort; the values are then stored
+        # ascending in float32, as their float32 buffer stores them (quant_acts.py:29-31,42-43).
+        lo = torch.topk(flat, n, largest=False, sorted=True).values
+        hi = torch.topk(flat, n, largest=True, sorted=True).values.flip(0)
+        self._mins.append(_pad(lo.float().cpu(), self.keep, front=False))
+        self._maxs.append(_pad(hi.float().cpu(), self.keep, front=True))
+
+    @property
+    def count(self) -> int:
+        """Calls that contribute (at most ``calls``)."""
+        return len(self._mins)
+
+    def bounds(self) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """``(min, max)`` float32 0-dim tensors, or None when no call was seen."""
+        if not self._mins:
+            return None
+        mins, maxs = torch.stack(self._mins), torch.stack(self._maxs)
+        return study_topk_reduce(mins, self.k, "min"), study_topk_reduce(maxs, self.k, "max")
+
+
+def _pad(values: torch.Tensor, size: int, front: bool) -> torch.Tensor:
+    """Pad a call with fewer than ``size`` values by repeating its innermost extreme.
+
+    Only a tensor with fewer values than k needs it (their code would have failed
+    on one with fewer than 1000, ``quant_acts.py:42``); never on ESMFold or ESM-2.
+    """
+    missing = size - values.numel()
+    if missing <= 0:
+        return values
+    if front:
+        return torch.cat([values[:1].expand(missing), values])
+    return torch.cat([values, values[-1:].expand(missing)])
