@@ -28,7 +28,8 @@ from ptq_protein.nn.qparams import activation_quantizer, needs_calibration
 from ptq_protein.report import build_report
 from ptq_protein.calibration.sites import Site, discover_sites, select_sites
 
-__all__ = ["quantize", "QuantState", "CalibrationInfo", "resolve_calibration"]
+__all__ = ["quantize", "QuantState", "CalibrationInfo", "CalibrationPass", "resolve_calibration", "static_sites",
+           "calibration_sequences"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,10 @@ class CalibrationInfo:
     name: str
     num_sequences: int
     sha256: str
+
+    @classmethod
+    def for_sequences(cls, name: str, sequences: Sequence[str]) -> "CalibrationInfo":
+        return cls(name, len(sequences), _sequences_sha(sequences))
 
     def to_dict(self) -> Dict[str, Any]:
         return {"name": self.name, "num_sequences": self.num_sequences, "sha256": self.sha256}
@@ -59,6 +64,38 @@ class QuantState:
     report: List[Dict[str, Any]] = field(default_factory=list)
     fp_sites: List[str] = field(default_factory=list)
     histograms: Dict[str, Any] = field(default_factory=dict)  # site -> (counts, edges), for plots
+
+
+@dataclass
+class CalibrationPass:
+    """The statistics of one calibration pass, which several recipes may read.
+
+    ``specs`` are the per-site specs the statistics were collected with (see
+    :mod:`ptq_protein.calibration.sharing`); ``recipes`` names the recipes this
+    pass was planned for (made by :func:`ptq_protein.shared_calibration.calibrate_recipes`).
+    """
+
+    info: CalibrationInfo
+    specs: Dict[str, TensorQuant]
+    stats: Dict[str, Any]  # site (or MATMUL sub-site) name -> SiteStats
+    recipes: List[str] = field(default_factory=list)
+
+    def reason_not_serving(self, sites: Sequence[Site], cfg: QuantConfig) -> Optional[str]:
+        """Why this pass cannot stand in for calibrating ``sites`` under ``cfg`` (None: it can)."""
+        from ptq_protein.calibration.sharing import StatsNeeds
+
+        for site in sites:
+            have = self.specs.get(site.name)
+            if have is None:
+                return f"site {site.name} was not calibrated in this pass"
+            if not StatsNeeds.of(cfg.activations).covered_by(StatsNeeds.of(have)):
+                return f"site {site.name}: its statistics were collected for another range ({have.describe()})"
+        return None
+
+    def stats_for(self, sites: Sequence[Site]) -> Dict[str, Any]:
+        """The statistics of ``sites`` only (MATMUL sites: their operand sub-sites)."""
+        names = {s.name for s in sites}
+        return {k: st for k, st in self.stats.items() if k in names or k.split("@", 1)[0] in names}
 
 
 def _sequences_sha(seqs: Sequence[str]) -> str:
@@ -96,10 +133,24 @@ def _specs_for(sites: Sequence[Site], config: QuantConfig) -> Dict[str, TensorQu
     return {s.name: config.activations for s in sites if config.activations is not None}
 
 
+def static_sites(chosen: Sequence[Site], cfg: QuantConfig) -> List[Site]:
+    """The chosen sites whose activation quantizers need calibration statistics."""
+    if cfg.activations is None:
+        return []
+    # MATMUL sub-sites (operands of each product) are discovered by calibration, so they always calibrate.
+    return [s for s in chosen if needs_calibration(cfg.activations) or s.kind is SiteKind.MATMUL]
+
+
+def calibration_sequences(adapter, calibration: CalibrationArg, calib_max_length: Optional[int]) -> tuple:
+    """(name, sequences) as calibration runs them: validated, and cropped to ``calib_max_length``."""
+    name, seqs = resolve_calibration(calibration)
+    return name, [_crop(s, calib_max_length) for s in adapter.validate(seqs, where="calibration")]
+
+
 def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwlq",
              calibration: CalibrationArg = None, *, batch_size: int = 4, backend: Optional[str] = None,
              inplace: bool = False, progress: bool = False, num_recycles: Optional[int] = None,
-             calib_max_length: Optional[int] = None) -> nn.Module:
+             calib_max_length: Optional[int] = None, statistics: Optional[CalibrationPass] = None) -> nn.Module:
     """Quantize an ESM model (fair-esm or transformers) and return it, called like the original.
 
     Parameters
@@ -117,6 +168,11 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     calib_max_length : crop calibration sequences longer than this to their central
         window of this many residues (None keeps them whole). ESMFold's triangle
         attention is cubic in length, so long sequences dominate CPU calibration.
+    statistics : a :class:`CalibrationPass` from an earlier pass over this same
+        model (``ptq_protein.shared_calibration.calibrate_recipes``): used instead of
+        calibrating, so several recipes share one pass; ``calibration``,
+        ``batch_size``, ``num_recycles`` and ``calib_max_length`` are then unused.
+        A pass that lacks this recipe's statistics is refused (ValueError).
 
     Example
     -------
@@ -137,16 +193,20 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     if cfg.kinds and not chosen:
         raise InputError(f"recipe {cfg.name!r} selects no site of this model: check kinds/groups/include/exclude")
     act_sites = [s for s in chosen if cfg.activations is not None]
-    # MATMUL sub-sites (operands of each product) are discovered by calibration, so they always calibrate.
-    static_sites = [s for s in act_sites if needs_calibration(cfg.activations) or s.kind is SiteKind.MATMUL]
+    to_calibrate = static_sites(chosen, cfg)
     calib_info, stats = None, {}
-    if static_sites:
-        name, seqs = resolve_calibration(calibration)
-        seqs = [_crop(s, calib_max_length) for s in adapter.validate(seqs, where="calibration")]
+    if to_calibrate and statistics is not None:
+        reason = statistics.reason_not_serving(to_calibrate, cfg)
+        if reason is not None:
+            raise ValueError(f"the calibration pass given as statistics= cannot serve recipe {cfg.name!r}: {reason}; "
+                             "plan it with calibrate_recipes, or pass calibration= instead")
+        calib_info, stats = statistics.info, statistics.stats_for(to_calibrate)
+    elif to_calibrate:
+        name, seqs = calibration_sequences(adapter, calibration, calib_max_length)
         extra = {"num_recycles": num_recycles} if num_recycles is not None else {}
-        stats = calibrate(qmodel, adapter, static_sites, _specs_for(static_sites, cfg), seqs,
+        stats = calibrate(qmodel, adapter, to_calibrate, _specs_for(to_calibrate, cfg), seqs,
                           batch_size=batch_size, progress=progress, forward_kwargs=extra)
-        calib_info = CalibrationInfo(name, len(seqs), _sequences_sha(seqs))
+        calib_info = CalibrationInfo.for_sequences(name, seqs)
     quants: Dict[str, ActQuantizer] = {}
     fp_sites = []
     for site in act_sites:
@@ -157,7 +217,7 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
                 fp_sites.append(site.name)
             continue
         site_stats = stats.get(site.name)
-        if site in static_sites and (site_stats is None or site_stats.count == 0):
+        if site in to_calibrate and (site_stats is None or site_stats.count == 0):
             fp_sites.append(site.name)
             continue
         quants[site.name] = activation_quantizer(cfg.activations, site_stats)
