@@ -29,7 +29,7 @@ from ptq_protein.report import build_report
 from ptq_protein.calibration.sites import Site, discover_sites, select_sites
 
 __all__ = ["quantize", "QuantState", "CalibrationInfo", "CalibrationPass", "resolve_calibration", "static_sites",
-           "calibration_sequences"]
+           "calibration_sequences", "calibration_records", "crop_sequence"]
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,11 @@ def _sequences_sha(seqs: Sequence[str]) -> str:
 
 def resolve_calibration(calibration: CalibrationArg) -> tuple:
     """(name, sequences) from a FASTA path, a set spec (``casp14:50``), or a list."""
+    return _calibration_name(calibration), [seq for _, seq in calibration_records(calibration)]
+
+
+def calibration_records(calibration: CalibrationArg) -> List[tuple]:
+    """(id, sequence) pairs of a FASTA path, a set spec or a list (list items get ids ``seq1``, ...)."""
     if calibration is None:
         raise InputError("this recipe has static activations and needs calibration sequences: pass calibration= "
                          "(a FASTA path, a bundled set such as 'casp14:50', or a list of sequences)")
@@ -115,18 +120,21 @@ def resolve_calibration(calibration: CalibrationArg) -> tuple:
         if Path(text).exists():
             from ptq_protein.fasta import read_fasta
 
-            records = read_fasta(Path(text))
-            return Path(text).name, [seq for _, seq in records]
+            return list(read_fasta(Path(text)))
         from ptq_protein.data.sets import load_set
 
         bench = load_set(text)
-        return text, list(bench.sequences())
-    seqs = []
-    for item in calibration:
-        seqs.append(item[1] if isinstance(item, tuple) else item)
-    if not all(isinstance(s, str) for s in seqs):
+        return [(t.id, t.sequence) for t in bench]
+    records = [item if isinstance(item, tuple) else (f"seq{i + 1}", item) for i, item in enumerate(calibration)]
+    if not all(isinstance(s, str) for _, s in records):
         raise TypeError("calibration must be a FASTA path, a set name, or a list of sequence strings / (id, seq) tuples")
-    return "sequences", seqs
+    return records
+
+
+def _calibration_name(calibration: CalibrationArg) -> str:
+    if isinstance(calibration, (str, Path)):
+        return Path(str(calibration)).name if Path(str(calibration)).exists() else str(calibration)
+    return "sequences"
 
 
 def _specs_for(sites: Sequence[Site], config: QuantConfig) -> Dict[str, TensorQuant]:
@@ -144,7 +152,7 @@ def static_sites(chosen: Sequence[Site], cfg: QuantConfig) -> List[Site]:
 def calibration_sequences(adapter, calibration: CalibrationArg, calib_max_length: Optional[int]) -> tuple:
     """(name, sequences) as calibration runs them: validated, and cropped to ``calib_max_length``."""
     name, seqs = resolve_calibration(calibration)
-    return name, [_crop(s, calib_max_length) for s in adapter.validate(seqs, where="calibration")]
+    return name, [crop_sequence(s, calib_max_length) for s in adapter.validate(seqs, where="calibration")]
 
 
 def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwlq",
@@ -232,7 +240,8 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     return qmodel
 
 
-def _crop(seq: str, max_length: Optional[int]) -> str:
+def crop_sequence(seq: str, max_length: Optional[int]) -> str:
+    """The central ``max_length`` residues of ``seq`` (all of it when shorter, or when ``max_length`` is None/0)."""
     if not max_length or len(seq) <= max_length:
         return seq
     start = (len(seq) - max_length) // 2

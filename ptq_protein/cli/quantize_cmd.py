@@ -7,10 +7,12 @@ from pathlib import Path
 
 from ptq_protein.cli.common import (add_calib_crop_option, add_json_option, add_runtime_options, calib_crop,
                                     print_json, show_progress)
+from ptq_protein.cli.compare_table import add_check_options, compare_names, print_comparison
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, load_float_model
 
 EXAMPLES = """examples:
   ptq-protein quantize tiny-esmfold --bits 8                      # the embedded demo, no weights needed
+  ptq-protein quantize tiny-esm2 --compare w8a8-uniform,a8-pwlq   # also check other recipes, one calibration pass
   ptq-protein quantize esmfold --bits 8                           # w8a8-pwlq, calibrated on the bundled CASP14 set
   ptq-protein quantize esm2_t33_650M_UR50D --preset w4a8-pwlq --calib my.fasta --out runs/650m-w4a8
 """
@@ -33,8 +35,7 @@ def register(subparsers) -> None:
     p.add_argument("--backend", choices=["fake", "int8"], default="fake", help="execution backend recorded in the artifact")
     p.add_argument("--num-recycles", type=int, help="ESMFold: recycles during calibration (default: the model's)")
     add_calib_crop_option(p)
-    p.add_argument("--check", type=int, default=1, metavar="N",
-                   help="compare the quantized model with its FP self on the N shortest calibration sequences (0: skip)")
+    add_check_options(p)
     add_model_options(p)
     add_runtime_options(p)
     add_json_option(p)
@@ -51,28 +52,60 @@ def _recipe_name(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     import ptq_protein as pp
-    from ptq_protein.api import resolve_calibration
+    from ptq_protein.recipe_compare import known_recipes
+    from ptq_protein.shared_calibration import calibrate_recipes
 
     recipe = _recipe_name(args)
     out = Path(args.out or f"runs/{Path(args.model).name}-{recipe}")
     if out.exists() and not args.force:
         raise FileExistsError(f"{out} already exists; pass --force to overwrite it or choose another --out")
     loaded = load_float_model(args, args.model)
-    qmodel = pp.quantize(loaded.model, recipe, calibration=args.calib, batch_size=args.batch_size,
-                         backend=args.backend, progress=show_progress(args), num_recycles=args.num_recycles,
-                         calib_max_length=calib_crop(args, loaded.device))
+    demo = _is_demo(loaded)
+    compare, skipped = known_recipes([n for n in compare_names(args, demo) if n.strip() != recipe])
+    crop = calib_crop(args, loaded.device)
+    passes, separate = calibrate_recipes(loaded.model, [recipe, *compare], args.calib, batch_size=args.batch_size,
+                                         progress=show_progress(args), num_recycles=args.num_recycles,
+                                         calib_max_length=crop)
+    qmodel = pp.quantize(loaded.model, recipe, statistics=passes[recipe], backend=args.backend)
     info = {"name": loaded.name, "family": loaded.family, "source": str(loaded.source),
             "source_sha256": loaded.source_sha256}
     pp.save(qmodel, out, force=args.force, model_info=info)
     summary = _summary(qmodel, out, recipe, loaded)
     if args.check > 0:
-        shortest = sorted(resolve_calibration(args.calib)[1], key=len)[: args.check]
-        summary["fidelity_vs_fp"] = pp.compare_models(loaded.model, qmodel, shortest)
+        comparison = _fidelity(args, loaded, qmodel, compare, passes, crop)
+        del qmodel  # the compared recipes are built one at a time next to the FP model
+        comparison["rows"] += _compare_rows(args, loaded, compare, passes, comparison.pop("references"))
+        comparison.update(skipped=skipped, calibration={"passes": len({id(p) for p in passes.values() if p}),
+                                                        "separate": separate})
+        summary["fidelity_vs_fp"] = comparison.pop("main_metrics")
+        summary["comparison"] = comparison
     if args.json:
         print_json(summary)
     else:
-        _print_summary(summary)
+        _print_summary(summary, demo)
     return 0
+
+
+def _is_demo(loaded) -> bool:
+    """The embedded tiny models (random weights, no checkpoint): the source says so."""
+    return str(loaded.source).startswith("tiny:")
+
+
+def _fidelity(args: argparse.Namespace, loaded, qmodel, compare, passes, crop) -> dict:
+    """The check's sequences, their FP outputs (kept for the compared recipes) and the main recipe's row."""
+    from ptq_protein.eval.bench.fidelity import reference_outputs
+    from ptq_protein.recipe_compare import choose_fidelity_sequences, recipe_row
+
+    chosen = choose_fidelity_sequences(args.calib, args.check, crop)
+    refs = reference_outputs(loaded.model, loaded.validate(list(chosen.sequences)))
+    row = recipe_row(qmodel.ptq_state.config, qmodel, refs)
+    return {"sequences": chosen.to_dict(), "rows": [row.to_dict()], "references": refs, "main_metrics": row.metrics}
+
+
+def _compare_rows(args: argparse.Namespace, loaded, compare, passes, refs) -> list:
+    from ptq_protein.recipe_compare import compare_recipes
+
+    return [row.to_dict() for row in compare_recipes(loaded.model, compare, passes, refs, backend=args.backend)]
 
 
 def _summary(qmodel, out: Path, recipe: str, loaded) -> dict:
@@ -87,14 +120,12 @@ def _summary(qmodel, out: Path, recipe: str, loaded) -> dict:
             "artifact_bytes": size}
 
 
-def _print_summary(summary: dict) -> None:
+def _print_summary(summary: dict, demo: bool) -> None:
     print(f"quantized {summary['model']} with {summary['recipe']}: {summary['sites_quantized']} sites "
           f"({', '.join(f'{k}: {v}' for k, v in sorted(summary['by_kind'].items()))})")
     calib = summary["calibration"]
     if calib:
         print(f"calibration: {calib['name']} ({calib['num_sequences']} sequences, sha256 {calib['sha256'][:12]})")
     print(f"artifact: {summary['artifact']} ({summary['artifact_bytes'] / 1e6:.2f} MB)")
-    fid = summary.get("fidelity_vs_fp")
-    if fid:
-        print("fidelity vs its own FP model (measures quantization error, not biology): "
-              + ", ".join(f"{k} {v:.4f}" for k, v in fid.items()))
+    if summary.get("comparison"):
+        print_comparison(summary["comparison"], demo)

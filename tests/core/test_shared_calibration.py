@@ -1,54 +1,13 @@
 """Several recipes from one calibration pass: same models as calibrating each alone, fewer passes."""
 
-import contextlib
-
 import pytest
 import torch
 
 import ptq_protein as pp
-from ptq_protein import api, shared_calibration
+from ptq_protein import shared_calibration
 from ptq_protein.calibration.sharing import StatsNeeds, merge_collection_specs
 from ptq_protein.config import Granularity, RangeMethod, Scheme, TensorQuant
-from ptq_protein.models.adapters import ModelAdapter, get_adapter
-
-
-@contextlib.contextmanager
-def count_calibration(monkeypatch):
-    """Counts calibrate() calls and the model forwards run inside them (every adapter class)."""
-    counts = {"passes": 0, "forwards": 0}
-    inside = [False]
-    real_calibrate = shared_calibration.calibrate
-
-    def counting_calibrate(*args, **kwargs):
-        counts["passes"] += 1
-        inside[0] = True
-        try:
-            return real_calibrate(*args, **kwargs)
-        finally:
-            inside[0] = False
-
-    for cls in _adapter_classes():
-        real_forward = cls.__dict__.get("forward")
-        if real_forward is None:
-            continue
-
-        def counting_forward(self, *args, _real=real_forward, **kwargs):
-            counts["forwards"] += inside[0]
-            return _real(self, *args, **kwargs)
-
-        monkeypatch.setattr(cls, "forward", counting_forward)
-    monkeypatch.setattr(shared_calibration, "calibrate", counting_calibrate)
-    monkeypatch.setattr(api, "calibrate", counting_calibrate)
-    yield counts
-
-
-def _adapter_classes():
-    todo, seen = [ModelAdapter], []
-    while todo:
-        cls = todo.pop()
-        seen.append(cls)
-        todo.extend(cls.__subclasses__())
-    return seen
+from ptq_protein.models.adapters import get_adapter
 
 
 def _logits(model, seqs):
@@ -57,10 +16,10 @@ def _logits(model, seqs):
         return adapter.forward(model, adapter.make_batch(seqs))["logits"]
 
 
-def test_shared_pass_gives_the_same_models_as_calibrating_alone(esm2, seqs, monkeypatch):
+def test_shared_pass_gives_the_same_models_as_calibrating_alone(esm2, seqs, calibration_counter):
     recipes = ["w8a8-pwlq", "w8a8-uniform", "a8-pwlq", "w8a8-pwlq-all"]
-    with count_calibration(monkeypatch) as counts:
-        passes, notes = shared_calibration.calibrate_recipes(esm2, recipes, seqs, batch_size=2)
+    passes, notes = shared_calibration.calibrate_recipes(esm2, recipes, seqs, batch_size=2)
+    counts = dict(calibration_counter)
     assert counts["passes"] == 1 and not notes
     batches = len(list(get_adapter(esm2).batches(seqs, 2)))
     assert counts["forwards"] == batches  # one pass over the calibration set, not one per recipe
@@ -73,12 +32,12 @@ def test_shared_pass_gives_the_same_models_as_calibrating_alone(esm2, seqs, monk
         assert shared.ptq_state.report == alone.ptq_state.report
 
 
-def test_incompatible_statistics_get_their_own_pass_with_a_reason(esm2, seqs, monkeypatch):
+def test_incompatible_statistics_get_their_own_pass_with_a_reason(esm2, seqs, calibration_counter):
     other_k = pp.get_preset("w8a8-uniform").replace(
         name="uniform-top5", activations=TensorQuant(bits=8, range_method=RangeMethod.TOPK, topk=5))
     recipes = ["w8a8-uniform", other_k, "w8a8-pwlq", "w8-only", "w8a8-dynamic"]
-    with count_calibration(monkeypatch) as counts:
-        passes, notes = shared_calibration.calibrate_recipes(esm2, recipes, seqs, batch_size=2)
+    passes, notes = shared_calibration.calibrate_recipes(esm2, recipes, seqs, batch_size=2)
+    counts = dict(calibration_counter)
     assert counts["passes"] == 2
     assert passes["w8a8-pwlq"] is passes["w8a8-uniform"] is not passes["uniform-top5"]
     assert passes["w8-only"] is None and passes["w8a8-dynamic"] is None  # nothing to calibrate
