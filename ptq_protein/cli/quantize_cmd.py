@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     pp.save(qmodel, out, force=args.force, model_info=info)
     summary = _summary(qmodel, out, recipe, loaded)
     if args.check > 0:
-        comparison = _fidelity(args, loaded, qmodel, compare, passes, crop)
+        comparison = _fidelity(args, loaded, qmodel, crop)
         del qmodel  # the compared recipes are built one at a time next to the FP model
         comparison["rows"] += _compare_rows(args, loaded, compare, passes, comparison.pop("references"))
         comparison.update(skipped=skipped, calibration={"passes": len({id(p) for p in passes.values() if p}),
@@ -91,7 +91,7 @@ def _is_demo(loaded) -> bool:
     return str(loaded.source).startswith("tiny:")
 
 
-def _fidelity(args: argparse.Namespace, loaded, qmodel, compare, passes, crop) -> dict:
+def _fidelity(args: argparse.Namespace, loaded, qmodel, crop) -> dict:
     """The check's sequences, their FP outputs (kept for the compared recipes) and the main recipe's row."""
     from ptq_protein.eval.bench.fidelity import reference_outputs
     from ptq_protein.recipe_compare import choose_fidelity_sequences, recipe_row
