@@ -33,7 +33,8 @@ from ptq_protein.report import build_report
 from ptq_protein.transforms.gptq_pass import gptq_model_
 from ptq_protein.transforms.smoothquant import smooth_model_
 
-__all__ = ["quantize", "QuantState", "CalibrationInfo", "resolve_calibration"]
+__all__ = ["quantize", "QuantState", "CalibrationInfo", "CalibrationPass", "resolve_calibration", "static_sites",
+           "calibration_sequences", "calibration_records", "crop_sequence"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,10 @@ class CalibrationInfo:
     name: str
     num_sequences: int
     sha256: str
+
+    @classmethod
+    def for_sequences(cls, name: str, sequences: Sequence[str]) -> "CalibrationInfo":
+        return cls(name, len(sequences), _sequences_sha(sequences))
 
     def to_dict(self) -> Dict[str, Any]:
         return {"name": self.name, "num_sequences": self.num_sequences, "sha256": self.sha256}
@@ -67,6 +72,38 @@ class QuantState:
     plan: Optional[Any] = None  # a ptq_protein.site_plan.MixedPlan when the precision differs per unit
 
 
+@dataclass
+class CalibrationPass:
+    """The statistics of one calibration pass, which several recipes may read.
+
+    ``specs`` are the per-site specs the statistics were collected with (see
+    :mod:`ptq_protein.calibration.sharing`); ``recipes`` names the recipes this
+    pass was planned for (made by :func:`ptq_protein.shared_calibration.calibrate_recipes`).
+    """
+
+    info: CalibrationInfo
+    specs: Dict[str, TensorQuant]
+    stats: Dict[str, Any]  # site (or MATMUL sub-site) name -> SiteStats
+    recipes: List[str] = field(default_factory=list)
+
+    def reason_not_serving(self, sites: Sequence[Site], cfg: QuantConfig) -> Optional[str]:
+        """Why this pass cannot stand in for calibrating ``sites`` under ``cfg`` (None: it can)."""
+        from ptq_protein.calibration.sharing import StatsNeeds
+
+        for site in sites:
+            have = self.specs.get(site.name)
+            if have is None:
+                return f"site {site.name} was not calibrated in this pass"
+            if not StatsNeeds.of(cfg.activations).covered_by(StatsNeeds.of(have)):
+                return f"site {site.name}: its statistics were collected for another range ({have.describe()})"
+        return None
+
+    def stats_for(self, sites: Sequence[Site]) -> Dict[str, Any]:
+        """The statistics of ``sites`` only (MATMUL sites: their operand sub-sites)."""
+        names = {s.name for s in sites}
+        return {k: st for k, st in self.stats.items() if k in names or k.split("@", 1)[0] in names}
+
+
 def _sequences_sha(seqs: Sequence[str]) -> str:
     digest = hashlib.sha256()
     for s in seqs:
@@ -74,14 +111,19 @@ def _sequences_sha(seqs: Sequence[str]) -> str:
     return digest.hexdigest()
 
 
-def _why_calibration(cfg: QuantConfig, static_sites: Sequence[Site]) -> str:
-    reasons = (["static activations"] if static_sites else []) + (["SmoothQuant"] if cfg.smoothquant else []) + \
+def _why_calibration(cfg: QuantConfig, to_calibrate: Sequence[Site]) -> str:
+    reasons = (["static activations"] if to_calibrate else []) + (["SmoothQuant"] if cfg.smoothquant else []) + \
         (["GPTQ"] if cfg.gptq else [])
     return " and ".join(reasons)
 
 
 def resolve_calibration(calibration: CalibrationArg, why: str = "static activations") -> tuple:
     """(name, sequences) from a FASTA path, a set spec (``casp14:50``), or a list."""
+    return _calibration_name(calibration), [seq for _, seq in calibration_records(calibration, why)]
+
+
+def calibration_records(calibration: CalibrationArg, why: str = "static activations") -> List[tuple]:
+    """(id, sequence) pairs of a FASTA path, a set spec or a list (list items get ids ``seq1``, ...)."""
     if calibration is None:
         raise InputError(f"this recipe has {why} and needs calibration sequences: pass calibration= "
                          "(a FASTA path, a bundled set such as 'casp14:50', or a list of sequences)")
@@ -90,28 +132,45 @@ def resolve_calibration(calibration: CalibrationArg, why: str = "static activati
         if Path(text).exists():
             from ptq_protein.fasta import read_fasta
 
-            records = read_fasta(Path(text))
-            return Path(text).name, [seq for _, seq in records]
+            return list(read_fasta(Path(text)))
         from ptq_protein.data.sets import load_set
 
         bench = load_set(text)
-        return text, list(bench.sequences())
-    seqs = []
-    for item in calibration:
-        seqs.append(item[1] if isinstance(item, tuple) else item)
-    if not all(isinstance(s, str) for s in seqs):
+        return [(t.id, t.sequence) for t in bench]
+    records = [item if isinstance(item, tuple) else (f"seq{i + 1}", item) for i, item in enumerate(calibration)]
+    if not all(isinstance(s, str) for _, s in records):
         raise TypeError("calibration must be a FASTA path, a set name, or a list of sequence strings / (id, seq) tuples")
-    return "sequences", seqs
+    return records
+
+
+def _calibration_name(calibration: CalibrationArg) -> str:
+    if isinstance(calibration, (str, Path)):
+        return Path(str(calibration)).name if Path(str(calibration)).exists() else str(calibration)
+    return "sequences"
 
 
 def _specs_for(sites: Sequence[Site], config: QuantConfig) -> Dict[str, TensorQuant]:
     return {s.name: config.activations for s in sites if config.activations is not None}
 
 
+def static_sites(chosen: Sequence[Site], cfg: QuantConfig) -> List[Site]:
+    """The chosen sites whose activation quantizers need calibration statistics."""
+    if cfg.activations is None:
+        return []
+    # MATMUL sub-sites (operands of each product) are discovered by calibration, so they always calibrate.
+    return [s for s in chosen if needs_calibration(cfg.activations) or s.kind is SiteKind.MATMUL]
+
+
+def calibration_sequences(adapter, calibration: CalibrationArg, calib_max_length: Optional[int]) -> tuple:
+    """(name, sequences) as calibration runs them: validated, and cropped to ``calib_max_length``."""
+    name, seqs = resolve_calibration(calibration)
+    return name, [crop_sequence(s, calib_max_length) for s in adapter.validate(seqs, where="calibration")]
+
+
 def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwlq",
              calibration: CalibrationArg = None, *, batch_size: int = 4, backend: Optional[str] = None,
              inplace: bool = False, progress: bool = False, num_recycles: Optional[int] = None,
-             calib_max_length: Optional[int] = None) -> nn.Module:
+             calib_max_length: Optional[int] = None, statistics: Optional[CalibrationPass] = None) -> nn.Module:
     """Quantize an ESM model (fair-esm or transformers) and return it, called like the original.
 
     Parameters
@@ -129,6 +188,11 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     calib_max_length : crop calibration sequences longer than this to their central
         window of this many residues (None keeps them whole). ESMFold's triangle
         attention is cubic in length, so long sequences dominate CPU calibration.
+    statistics : a :class:`CalibrationPass` from an earlier pass over this same
+        model (``ptq_protein.shared_calibration.calibrate_recipes``): used instead of
+        calibrating, so several recipes share one pass; ``calibration``,
+        ``batch_size``, ``num_recycles`` and ``calib_max_length`` are then unused.
+        A pass that lacks this recipe's statistics is refused (ValueError).
 
     Example
     -------
@@ -155,14 +219,23 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     if cfg.kinds and not chosen:
         raise InputError(f"recipe {cfg.name!r} selects no site of this model: check kinds/groups/include/exclude")
     act_sites = [s for s in chosen if cfg.activations is not None]
-    # MATMUL sub-sites (operands of each product) are discovered by calibration, so they always calibrate.
-    static_sites = [s for s in act_sites if needs_calibration(cfg.activations) or s.kind is SiteKind.MATMUL]
+    to_calibrate = static_sites(chosen, cfg)
     calib_info, stats, seqs = None, {}, []
     extra = {"num_recycles": num_recycles} if num_recycles is not None else {}
-    if static_sites or cfg.smoothquant is not None or cfg.gptq is not None:
-        name, seqs = resolve_calibration(calibration, why=_why_calibration(cfg, static_sites))
-        seqs = [_crop(s, calib_max_length) for s in adapter.validate(seqs, where="calibration")]
-        calib_info = CalibrationInfo(name, len(seqs), _sequences_sha(seqs))
+    transforms = cfg.smoothquant is not None or cfg.gptq is not None
+    if statistics is not None and transforms:
+        raise ValueError(f"recipe {cfg.name!r} changes the model (SmoothQuant/GPTQ) before its activations are "
+                         "calibrated, so a shared calibration pass cannot serve it; pass calibration= instead")
+    if to_calibrate and statistics is not None:
+        reason = statistics.reason_not_serving(to_calibrate, cfg)
+        if reason is not None:
+            raise ValueError(f"the calibration pass given as statistics= cannot serve recipe {cfg.name!r}: {reason}; "
+                             "plan it with calibrate_recipes, or pass calibration= instead")
+        calib_info, stats = statistics.info, statistics.stats_for(to_calibrate)
+    elif to_calibrate or transforms:
+        name, seqs = resolve_calibration(calibration, why=_why_calibration(cfg, to_calibrate))
+        seqs = [crop_sequence(s, calib_max_length) for s in adapter.validate(seqs, where="calibration")]
+        calib_info = CalibrationInfo.for_sequences(name, seqs)
     linear_names = [s.name for s in chosen if s.kind is SiteKind.LINEAR]
     if cfg.smoothquant is not None:
         smooth_model_(qmodel, adapter, seqs, cfg.smoothquant, linears=set(linear_names), batch_size=batch_size,
@@ -173,8 +246,8 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
         originals = {n: w.detach().clone() for n, w in originals.items()}  # GPTQ overwrites the copy's weights
         weight_codes = gptq_model_(qmodel, adapter, linear_names, cfg.weights, cfg.gptq, seqs,
                                    batch_size=batch_size, forward_kwargs=extra)
-    if static_sites:
-        stats = calibrate(qmodel, adapter, static_sites, _specs_for(static_sites, cfg), seqs,
+    if to_calibrate and statistics is None:
+        stats = calibrate(qmodel, adapter, to_calibrate, _specs_for(to_calibrate, cfg), seqs,
                           batch_size=batch_size, progress=progress, forward_kwargs=extra,
                           include_special=cfg.special_tokens is SpecialTokens.INCLUDE)
     quants: Dict[str, ActQuantizer] = {}
@@ -187,7 +260,7 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
                 fp_sites.append(site.name)
             continue
         site_stats = stats.get(site.name)
-        if site in static_sites and (site_stats is None or site_stats.count == 0):
+        if site in to_calibrate and (site_stats is None or site_stats.count == 0):
             fp_sites.append(site.name)
             continue
         quants[site.name] = activation_quantizer(cfg.activations, site_stats)
@@ -210,6 +283,8 @@ def _check_run_options(adapter, calib_max_length: Optional[int], num_recycles: O
     if num_recycles is not None and adapter.family != "hf-esmfold":
         raise InputError(f"num_recycles={num_recycles} only applies to ESMFold; this is a {adapter.family} model: "
                          "drop it")
+
+
 def _quantize_study(qmodel: nn.Module, adapter, cfg: QuantConfig, calibration: CalibrationArg, forward_kwargs: dict,
                     calib_max_length: Optional[int], progress: bool) -> nn.Module:
     """A ``study-*`` recipe: the study's calibration, quantizers and W8 (``ptq_protein.quant.study``).
@@ -224,7 +299,7 @@ def _quantize_study(qmodel: nn.Module, adapter, cfg: QuantConfig, calibration: C
         if not chosen:
             raise InputError(f"recipe {cfg.name!r} selects no site of this model: check kinds/groups/include/exclude")
         name, seqs = resolve_calibration(calibration)
-        seqs = [_crop(s, calib_max_length) for s in adapter.validate(seqs, where="calibration")]
+        seqs = [crop_sequence(s, calib_max_length) for s in adapter.validate(seqs, where="calibration")]
         observers = study_calibrate(qmodel, adapter, chosen, seqs, acts.topk, cfg.study.calls, forward_kwargs, progress)
         calib_info = CalibrationInfo(name, len(seqs), _sequences_sha(seqs))
         for site in chosen:
@@ -254,7 +329,8 @@ def _device(module: nn.Module):
     return "cpu"
 
 
-def _crop(seq: str, max_length: Optional[int]) -> str:
+def crop_sequence(seq: str, max_length: Optional[int]) -> str:
+    """The central ``max_length`` residues of ``seq`` (all of it when shorter, or when ``max_length`` is None/0)."""
     if not max_length or len(seq) <= max_length:
         return seq
     start = (len(seq) - max_length) // 2

@@ -8,14 +8,16 @@ mean pLDDT difference.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Sequence
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from torch import nn
 
-from ptq_protein.models.adapters import ModelAdapter, get_adapter
+from ptq_protein.models.adapters import Batch, ModelAdapter, get_adapter
 
-__all__ = ["relative_error", "compare_models", "main_output"]
+__all__ = ["relative_error", "compare_models", "main_output", "fidelity_sequences", "Reference", "reference_outputs",
+           "compare_to_reference"]
 
 
 def relative_error(reference: torch.Tensor, other: torch.Tensor) -> float:
@@ -39,34 +41,71 @@ def main_output(output: Any) -> torch.Tensor:
     raise TypeError(f"cannot find logits or positions in a {type(output).__name__}")
 
 
+def fidelity_sequences(lengths: Sequence[int], n: int) -> List[int]:
+    """Indices of the ``n`` sequences around the median length (in length order).
+
+    TM-score's d0 shrinks with length (d0(L) = 1.24·(L − 15)^(1/3) − 1.8, floored at
+    0.5 Å): on a short chain ~1 Å of deviation already costs a third of the score, so
+    a fidelity check on the shortest sequences reads as broken. The window of ``n``
+    centred on the median of the length-sorted set never holds the ``n`` shortest
+    when a longer sequence exists (ties keep the set's order).
+    """
+    if n < 1:
+        raise ValueError(f"the number of fidelity sequences must be at least 1, got {n}")
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    start = (len(order) - n + 1) // 2 if len(order) > n else 0
+    return order[start:start + n]
+
+
+@dataclass
+class Reference:
+    """The FP model's output on one sequence, kept to compare several quantized models with."""
+
+    batch: Batch
+    output: torch.Tensor  # main_output(): logits, or the final atom14 positions
+    plddt: Optional[torch.Tensor] = None
+
+
 @torch.no_grad()
-def compare_models(fp_model: nn.Module, q_model: nn.Module, sequences: Sequence[str],
-                   adapter: ModelAdapter = None) -> Dict[str, float]:
-    """Mean fidelity metrics over ``sequences`` (one at a time, so no padding is involved)."""
+def reference_outputs(fp_model: nn.Module, sequences: Sequence[str], adapter: ModelAdapter = None) -> List[Reference]:
+    """FP outputs on ``sequences``, one at a time (so no padding is involved)."""
     adapter = adapter or get_adapter(fp_model)
     if isinstance(sequences, str) or not sequences:
         raise TypeError("compare_models takes a non-empty list of sequences, not "
                         f"{'one string' if isinstance(sequences, str) else 'an empty list'}: pass [sequence]")
     sequences = adapter.validate(list(sequences), where="comparison")
-    rel, agree, ca_rmsd, tm, dplddt = [], [], [], [], []
+    refs = []
     for seq in sequences:
         batch = adapter.make_batch([seq])
-        out_fp, out_q = adapter.forward(fp_model, batch), adapter.forward(q_model, batch)
-        ref, oth = main_output(out_fp), main_output(out_q)
-        if hasattr(out_fp, "keys") and "positions" in out_fp.keys():
-            ca_fp, ca_q = ref[0, :, 1].double(), oth[0, :, 1].double()  # atom14 index 1 = CA
-            rel.append(relative_error(ca_fp, ca_q))
-            from ptq_protein.eval.tmscore import tm_score
+        out = adapter.forward(fp_model, batch)
+        plddt = out["plddt"] if _is_structure(out) else None
+        refs.append(Reference(batch, main_output(out), plddt))
+    return refs
 
+
+@torch.no_grad()
+def compare_to_reference(q_model: nn.Module, references: Sequence[Reference],
+                         adapter: ModelAdapter = None) -> Dict[str, float]:
+    """Mean fidelity metrics of ``q_model`` against FP outputs from :func:`reference_outputs`."""
+    from ptq_protein.eval.tmscore import tm_score
+
+    adapter = adapter or get_adapter(q_model)
+    rel, agree, ca_rmsd, tm, dplddt = [], [], [], [], []
+    for ref in references:
+        out_q = adapter.forward(q_model, ref.batch)
+        oth = main_output(out_q)
+        if ref.plddt is not None:
+            ca_fp, ca_q = ref.output[0, :, 1].double(), oth[0, :, 1].double()  # atom14 index 1 = CA
+            rel.append(relative_error(ca_fp, ca_q))
             result = tm_score(ca_q.numpy(), ca_fp.numpy())
             tm.append(result.tm_score)
             ca_rmsd.append(result.rmsd)
-            dplddt.append(float(out_q["plddt"].mean() - out_fp["plddt"].mean()))
+            dplddt.append(float(out_q["plddt"].mean() - ref.plddt.mean()))
         else:
-            mask = batch.token_mask[0]
-            ref, oth = ref[0][mask.to(ref.device)], oth[0][mask.to(oth.device)]
-            rel.append(relative_error(ref, oth))
-            agree.append(float((ref.argmax(-1) == oth.argmax(-1)).double().mean()))
+            mask = ref.batch.token_mask[0]
+            fp, q = ref.output[0][mask.to(ref.output.device)], oth[0][mask.to(oth.device)]
+            rel.append(relative_error(fp, q))
+            agree.append(float((fp.argmax(-1) == q.argmax(-1)).double().mean()))
     out = {"relative_error": sum(rel) / len(rel)}
     if agree:
         out["top1_agreement"] = sum(agree) / len(agree)
@@ -74,3 +113,14 @@ def compare_models(fp_model: nn.Module, q_model: nn.Module, sequences: Sequence[
         out.update(tm_vs_fp=sum(tm) / len(tm), ca_rmsd_vs_fp=sum(ca_rmsd) / len(ca_rmsd),
                    plddt_delta=sum(dplddt) / len(dplddt))
     return out
+
+
+def compare_models(fp_model: nn.Module, q_model: nn.Module, sequences: Sequence[str],
+                   adapter: ModelAdapter = None) -> Dict[str, float]:
+    """Mean fidelity metrics over ``sequences`` (one at a time, so no padding is involved)."""
+    adapter = adapter or get_adapter(fp_model)
+    return compare_to_reference(q_model, reference_outputs(fp_model, sequences, adapter), adapter)
+
+
+def _is_structure(output: Any) -> bool:
+    return hasattr(output, "keys") and "positions" in output.keys()

@@ -8,10 +8,12 @@ from pathlib import Path
 from ptq_protein.cli.auto_opts import add_auto_options, auto_budget, run_auto
 from ptq_protein.cli.common import (add_calib_crop_option, add_json_option, add_runtime_options, calib_crop,
                                     print_json, show_progress)
+from ptq_protein.cli.compare_table import add_check_options, compare_names, print_comparison
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, load_float_model
 
 EXAMPLES = """examples:
   ptq-protein quantize tiny-esmfold --bits 8                      # the embedded demo, no weights needed
+  ptq-protein quantize tiny-esm2 --compare w8a8-uniform,a8-pwlq   # also check other recipes, one calibration pass
   ptq-protein quantize esmfold --bits 8                           # w8a8-pwlq, calibrated on the bundled CASP14 set
   ptq-protein quantize esm2_t33_650M_UR50D --preset w4a8-pwlq --calib my.fasta --out runs/650m-w4a8
   ptq-protein quantize tiny-esmfold --auto --budget "tm>=0.99"     # per-layer mixed precision, verified held-out
@@ -40,8 +42,7 @@ def register(subparsers) -> None:
     p.add_argument("--backend", choices=["fake", "int8"], default="fake", help="execution backend recorded in the artifact")
     p.add_argument("--num-recycles", type=int, help="ESMFold: recycles during calibration (default: the model's)")
     add_calib_crop_option(p)
-    p.add_argument("--check", type=int, default=1, metavar="N",
-                   help="compare the quantized model with its FP self on the N shortest calibration sequences (0: skip)")
+    add_check_options(p)
     add_auto_options(p)
     add_model_options(p)
     add_runtime_options(p)
@@ -61,9 +62,9 @@ def _recipe_name(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     import ptq_protein as pp
-    from ptq_protein.api import resolve_calibration
-
     from ptq_protein.artifact import check_artifact_out
+    from ptq_protein.recipe_compare import known_recipes
+    from ptq_protein.shared_calibration import calibrate_recipes
 
     budget = auto_budget(args)  # a bad budget fails before any model is loaded
     recipe = "auto" if budget is not None else _recipe_name(args)
@@ -73,12 +74,19 @@ def run(args: argparse.Namespace) -> int:
     check_artifact_out(out, force=args.force)  # before calibration: refused in words, not after minutes
     out = Path(out)
     loaded = load_float_model(args, args.model)
+    demo = _is_demo(loaded)
+    crop = calib_crop(args, loaded.device)
+    compare, skipped, passes, separate = [], [], {}, {}
     if budget is not None:
         qmodel = run_auto(args, loaded, budget)
     else:
-        qmodel = pp.quantize(loaded.model, recipe, calibration=args.calib, batch_size=args.batch_size,
-                             backend=args.backend, progress=show_progress(args), num_recycles=args.num_recycles,
-                             calib_max_length=calib_crop(args, loaded.device))
+        compare, skipped = known_recipes([n for n in compare_names(args, demo) if n.strip() != recipe])
+        passes, separate = calibrate_recipes(loaded.model, [recipe, *compare], args.calib,
+                                             batch_size=args.batch_size, progress=show_progress(args),
+                                             num_recycles=args.num_recycles, calib_max_length=crop)
+        qmodel = pp.quantize(loaded.model, recipe, calibration=args.calib, statistics=passes[recipe],
+                             backend=args.backend, batch_size=args.batch_size, progress=show_progress(args),
+                             num_recycles=args.num_recycles, calib_max_length=crop)
     info = {"name": loaded.name, "family": loaded.family, "source": str(loaded.source),
             "source_sha256": loaded.source_sha256}
     pp.save(qmodel, out, force=args.force, model_info=info)
@@ -86,13 +94,43 @@ def run(args: argparse.Namespace) -> int:
     if qmodel.ptq_state.plan is not None:
         summary["plan"] = qmodel.ptq_state.plan.to_dict()
     if args.check > 0:
-        shortest = sorted(resolve_calibration(args.calib)[1], key=len)[: args.check]
-        summary["fidelity_vs_fp"] = pp.compare_models(loaded.model, qmodel, shortest)
+        comparison = _fidelity(args, loaded, qmodel, crop)
+        del qmodel  # the compared recipes are built one at a time next to the FP model
+        comparison["rows"] += _compare_rows(args, loaded, compare, passes, comparison.pop("references"))
+        comparison.update(skipped=skipped, calibration={"passes": len({id(p) for p in passes.values() if p}),
+                                                        "separate": separate})
+        summary["fidelity_vs_fp"] = comparison.pop("main_metrics")
+        summary["comparison"] = comparison
     if args.json:
         print_json(summary)
     else:
-        _print_summary(summary)
+        _print_summary(summary, demo)
     return 0
+
+
+def _is_demo(loaded) -> bool:
+    """The embedded tiny models (random weights, no checkpoint): the source says so."""
+    return str(loaded.source).startswith("tiny:")
+
+
+def _fidelity(args: argparse.Namespace, loaded, qmodel, crop) -> dict:
+    """The check's sequences, their FP outputs (kept for the compared recipes) and the main recipe's row."""
+    from ptq_protein.eval.bench.fidelity import reference_outputs
+    from ptq_protein.recipe_compare import choose_fidelity_sequences, recipe_row
+
+    chosen = choose_fidelity_sequences(args.calib, args.check, crop)
+    refs = reference_outputs(loaded.model, loaded.validate(list(chosen.sequences)))
+    row = recipe_row(qmodel.ptq_state.config, qmodel, refs)
+    return {"sequences": chosen.to_dict(), "rows": [row.to_dict()], "references": refs, "main_metrics": row.metrics}
+
+
+def _compare_rows(args: argparse.Namespace, loaded, compare, passes, refs) -> list:
+    from ptq_protein.recipe_compare import compare_recipes
+
+    rows = compare_recipes(loaded.model, compare, passes, refs, backend=args.backend, calibration=args.calib,
+                           batch_size=args.batch_size, num_recycles=args.num_recycles,
+                           calib_max_length=calib_crop(args, loaded.device))
+    return [row.to_dict() for row in rows]
 
 
 def _summary(qmodel, out: Path, recipe: str, loaded) -> dict:
@@ -107,7 +145,7 @@ def _summary(qmodel, out: Path, recipe: str, loaded) -> dict:
             "artifact_bytes": size}
 
 
-def _print_summary(summary: dict) -> None:
+def _print_summary(summary: dict, demo: bool) -> None:
     print(f"quantized {summary['model']} with {summary['recipe']}: {summary['sites_quantized']} sites "
           f"({', '.join(f'{k}: {v}' for k, v in sorted(summary['by_kind'].items()))})")
     calib = summary["calibration"]
@@ -120,7 +158,5 @@ def _print_summary(summary: dict) -> None:
               + ", ".join(f"{k} {v:.4f}" for k, v in plan["verified"].items()))
         for unit in plan["units"]:
             print(f"  {unit['unit']:<40} {unit['choice']}")
-    fid = summary.get("fidelity_vs_fp")
-    if fid:
-        print("fidelity vs its own FP model (measures quantization error, not biology): "
-              + ", ".join(f"{k} {v:.4f}" for k, v in fid.items()))
+    if summary.get("comparison"):
+        print_comparison(summary["comparison"], demo)

@@ -1,0 +1,61 @@
+"""The fidelity check of ``ptq-protein quantize``: which recipes, on which sequences, and its table."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Dict, List, Optional
+
+# The comparison the embedded demos (tiny-esmfold, tiny-esm2, ...) run by default, so the first
+# command shows what the recipe buys against the uniform baseline and against the study's own
+# W8 + PWLQ A8 (9 bits per activation value), and at what storage. The study recipe calibrates on
+# its own (its statistics differ), so the table's calibration line says two passes.
+DEMO_COMPARE = ("w8a8-uniform", "study-w8a8-pwlq")
+
+DEFAULT_CHECK_SEQUENCES = 3
+
+NOT_BIOLOGY = "measures quantization error, not biology"
+
+
+def add_check_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--check", type=int, default=DEFAULT_CHECK_SEQUENCES, metavar="N",
+                        help="compare the quantized model with its FP self on the N median-length calibration "
+                             f"sequences, cropped like calibration (default {DEFAULT_CHECK_SEQUENCES}; 0: skip)")
+    parser.add_argument("--compare", metavar="RECIPE[,RECIPE]",
+                        help="run the same check for these presets too, from the same calibration pass where their "
+                             "statistics allow, and print one table (default: "
+                             f"{','.join(DEMO_COMPARE)} on the embedded tiny demos, none otherwise; 'none' turns it off)")
+
+
+def compare_names(args: argparse.Namespace, is_demo: bool) -> List[str]:
+    """The recipe names asked for with --compare (or the demo default); unknown names are left to the caller."""
+    if args.compare is None:
+        names = list(DEMO_COMPARE) if is_demo and args.check > 0 else []
+    elif args.compare.strip().lower() == "none":
+        names = []
+    else:
+        names = args.compare.split(",")
+        if args.check <= 0:
+            raise ValueError("--compare needs the fidelity check: drop --check 0 or give --check N with N >= 1")
+    return names
+
+
+def print_comparison(comparison: Dict[str, Any], demo: bool) -> None:
+    seqs = comparison["sequences"]
+    lengths = "/".join(map(str, sorted(set(seqs["lengths"]))))
+    size = f"cropped to {lengths} residues" if seqs["lengths"] != seqs["full_lengths"] else f"{lengths} residues"
+    print(f"fidelity vs the FP model ({'toolkit check, random weights: ' if demo else ''}{NOT_BIOLOGY})")
+    print(f"on {seqs['source']} ({', '.join(seqs['ids'])}; {size}):")
+    rows = comparison["rows"]
+    structure = any("tm_vs_fp" in r for r in rows)
+    key, label = ("tm_vs_fp", "TM vs FP") if structure else ("top1_agreement", "top-1 agreement")
+    width = max(len("recipe"), *(len(r["recipe"]) for r in rows))
+    print(f"  {'recipe':<{width}}  bits W/A  rel. error  {label}")
+    for row in rows:
+        bits = f"{_bits(row['weight_bits'])}/{_bits(row['activation_bits'])}"
+        print(f"  {row['recipe']:<{width}}  {bits:>8}  {row['relative_error']:>10.4f}  {row[key]:>{len(label)}.4f}")
+    for name, reason in comparison["calibration"]["separate"].items():
+        print(f"  note: {name} was calibrated in a pass of its own ({reason})")
+
+
+def _bits(value: Optional[int]) -> str:
+    return "fp" if value is None else str(value)

@@ -1,0 +1,110 @@
+"""Several recipes side by side against the FP model (``ptq-protein quantize --compare``).
+
+Every recipe is checked on the same sequences against FP outputs computed once,
+and quantized from the calibration passes of
+:func:`ptq_protein.shared_calibration.calibrate_recipes` (one pass for all the
+recipes whose statistics agree). Each recipe's quantized copy is dropped before
+the next is built, so memory holds the FP model plus one quantized copy.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from torch import nn
+
+from ptq_protein.api import CalibrationArg, CalibrationPass, calibration_records, crop_sequence, quantize
+from ptq_protein.config import QuantConfig, TensorQuant
+from ptq_protein.eval.bench.fidelity import Reference, compare_to_reference, fidelity_sequences
+from ptq_protein.models.adapters import get_adapter
+from ptq_protein.presets import PRESETS, resolve_config
+
+__all__ = ["ComparisonRow", "FidelitySequences", "known_recipes", "choose_fidelity_sequences", "recipe_row",
+           "compare_recipes", "storage_bits"]
+
+log = logging.getLogger(__name__)
+
+
+def storage_bits(spec: Optional[TensorQuant]) -> Optional[int]:
+    """Bits stored per value of a tensor kind (None: kept in floating point).
+
+    The code width: a ``bits``-bit PWLQ code here is one ``bits``-bit integer. A
+    recipe whose code is wider than its nominal width (the study's PWLQ, a
+    ``b``-bit centre plus ``(b-1)``-bit tails, effectively ``b + 1`` bits) should
+    say so here, so the comparison table shows the storage it really costs.
+    """
+    return None if spec is None else spec.bits
+
+
+@dataclass(frozen=True)
+class ComparisonRow:
+    """One recipe's fidelity against the FP model, and the bits it stores per value."""
+
+    recipe: str
+    weight_bits: Optional[int]
+    activation_bits: Optional[int]
+    metrics: Dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"recipe": self.recipe, "weight_bits": self.weight_bits, "activation_bits": self.activation_bits,
+                **self.metrics}
+
+
+@dataclass(frozen=True)
+class FidelitySequences:
+    """The sequences the check runs on: which, why, and as the model sees them."""
+
+    ids: Tuple[str, ...]
+    sequences: Tuple[str, ...]
+    full_lengths: Tuple[int, ...]
+    source: str
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"ids": list(self.ids), "lengths": [len(s) for s in self.sequences],
+                "full_lengths": list(self.full_lengths), "source": self.source}
+
+
+def known_recipes(names: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """(known preset names, unknown ones), each once and in order; unknown ones are logged and skipped."""
+    known, unknown = [], []
+    for name in dict.fromkeys(n.strip() for n in names if n.strip()):
+        (known if name in PRESETS else unknown).append(name)
+    for name in unknown:
+        log.warning("compare: skipping %r, not a known preset (known: %s)", name, ", ".join(PRESETS))
+    return known, unknown
+
+
+def choose_fidelity_sequences(calibration: CalibrationArg, n: int,
+                              max_length: Optional[int] = None) -> FidelitySequences:
+    """The ``n`` median-length calibration sequences, cropped like calibration crops them."""
+    ids, seqs = zip(*calibration_records(calibration))
+    picked = fidelity_sequences([len(s) for s in seqs], n)
+    source = f"the {len(picked)} median-length calibration sequences of {len(seqs)}"
+    return FidelitySequences(tuple(ids[i] for i in picked), tuple(crop_sequence(seqs[i], max_length) for i in picked),
+                             tuple(len(seqs[i]) for i in picked), source)
+
+
+def recipe_row(cfg: QuantConfig, qmodel: nn.Module, references: Sequence[Reference]) -> ComparisonRow:
+    """Fidelity of ``qmodel`` (quantized with ``cfg``) against the FP ``references``."""
+    metrics = compare_to_reference(qmodel, references, get_adapter(qmodel))
+    return ComparisonRow(cfg.name, storage_bits(cfg.weights), storage_bits(cfg.activations), metrics)
+
+
+def compare_recipes(fp_model: nn.Module, recipes: Sequence[str], passes: Dict[str, Optional[CalibrationPass]],
+                    references: Sequence[Reference], *, backend: Optional[str] = None,
+                    **calibration_options) -> List[ComparisonRow]:
+    """Quantize ``fp_model`` with each recipe from its calibration pass and check it on ``references``.
+
+    A recipe without a pass (dynamic, or one that calibrates on its own: study-exact,
+    SmoothQuant, GPTQ) is quantized with ``calibration_options`` (``calibration=``,
+    ``batch_size=``, ``num_recycles=``, ``calib_max_length=`` of :func:`quantize`).
+    """
+    rows = []
+    for name in recipes:
+        cfg = resolve_config(name)
+        qmodel = quantize(fp_model, cfg, statistics=passes.get(cfg.name), backend=backend, **calibration_options)
+        rows.append(recipe_row(cfg, qmodel, references))
+        del qmodel
+    return rows

@@ -1,0 +1,116 @@
+"""One calibration pass for several recipes (``ptq-protein quantize --compare``).
+
+Calibration is the costly part of quantizing, and its statistics are mostly
+recipe-independent (see :mod:`ptq_protein.calibration.sharing`): recipes whose
+per-site statistics agree are calibrated together, on the union of their sites,
+in one pass; a recipe that needs different statistics at some site gets a pass
+of its own, and the returned notes say why.
+
+    passes, notes = calibrate_recipes(model, ["w8a8-pwlq", "w8a8-uniform"], "casp14:50")
+    qmodels = {name: pp.quantize(model, name, statistics=passes[name]) for name in passes}
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+from torch import nn
+
+from ptq_protein.api import CalibrationArg, CalibrationInfo, CalibrationPass, calibration_sequences, static_sites
+from ptq_protein.calibration.calibrate import calibrate
+from ptq_protein.calibration.sharing import merge_collection_specs
+from ptq_protein.calibration.sites import Site, discover_sites, select_sites
+from ptq_protein.config import QuantConfig, TensorQuant
+from ptq_protein.models.adapters import get_adapter
+from ptq_protein.presets import resolve_config
+
+__all__ = ["calibrate_recipes"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Group:
+    """Recipes planned into one pass: the union of their sites and the specs that serve them all."""
+
+    recipes: List[str] = field(default_factory=list)
+    sites: Dict[str, Site] = field(default_factory=dict)
+    specs: Dict[str, TensorQuant] = field(default_factory=dict)
+
+
+def calibrate_recipes(model: nn.Module, recipes: Sequence[Union[str, QuantConfig]], calibration: CalibrationArg, *,
+                      batch_size: int = 4, progress: bool = False, num_recycles: Optional[int] = None,
+                      calib_max_length: Optional[int] = None
+                      ) -> Tuple[Dict[str, Optional[CalibrationPass]], Dict[str, str]]:
+    """Calibrate ``model`` once per group of recipes whose statistics agree.
+
+    Returns ``(passes, notes)``: ``passes`` maps each recipe name to the
+    :class:`CalibrationPass` to give ``pp.quantize(..., statistics=)`` (None when
+    the recipe needs no calibration); ``notes`` maps a recipe that could not join
+    an earlier pass to the reason. ``model`` is not modified (passes run on a copy).
+    """
+    cfgs = [resolve_config(r) for r in recipes]
+    names = [c.name for c in cfgs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"recipe names must be distinct to share calibration, got {names}")
+    adapter = get_adapter(model)
+    work = copy.deepcopy(model)
+    adapter.prepare(work)
+    all_sites = discover_sites(work, adapter)
+    groups, notes = _plan(cfgs, all_sites)
+    passes: Dict[str, Optional[CalibrationPass]] = {name: None for name in names}
+    if not groups:
+        return passes, notes
+    name, seqs = calibration_sequences(adapter, calibration, calib_max_length)
+    info = CalibrationInfo.for_sequences(name, seqs)
+    extra = {"num_recycles": num_recycles} if num_recycles is not None else {}
+    for group in groups:
+        log.info("calibrating once for %s", ", ".join(group.recipes))
+        stats = calibrate(work, adapter, list(group.sites.values()), group.specs, seqs, batch_size=batch_size,
+                          progress=progress, forward_kwargs=extra)
+        shared = CalibrationPass(info, dict(group.specs), stats, list(group.recipes))
+        passes.update({recipe: shared for recipe in group.recipes})
+    return passes, notes
+
+
+def _plan(cfgs: Sequence[QuantConfig], all_sites: Sequence[Site]) -> Tuple[List[_Group], Dict[str, str]]:
+    """First-fit grouping, in the given order, so the first recipe's pass serves as many as it can."""
+    groups: List[_Group] = []
+    notes: Dict[str, str] = {}
+    for cfg in cfgs:
+        own = _calibrates_on_its_own(cfg)
+        if own:
+            notes[cfg.name] = own
+            continue
+        sites = static_sites(select_sites(all_sites, cfg), cfg)
+        if not sites:
+            continue
+        wanted = {s.name: cfg.activations for s in sites}
+        reasons = []
+        for group in groups:
+            merged, reason = merge_collection_specs(group.specs, wanted)
+            if merged is not None:
+                group.specs = merged
+                break
+            reasons.append(f"cannot share the pass of {', '.join(group.recipes)}: {reason}")
+        else:
+            group = _Group()
+            groups.append(group)
+            group.specs = dict(wanted)
+            if reasons:
+                notes[cfg.name] = "; ".join(reasons)
+        group.recipes.append(cfg.name)
+        group.sites.update({s.name: s for s in sites})
+    return groups, notes
+
+
+def _calibrates_on_its_own(cfg: QuantConfig) -> Optional[str]:
+    """Why a recipe cannot read a shared pass (None: it can)."""
+    if cfg.study is not None:
+        return "a study-exact recipe collects the study's own statistics (batch 1, first calls, BOS/EOS included)"
+    if cfg.smoothquant is not None or cfg.gptq is not None:
+        return "SmoothQuant/GPTQ change the model before its activations are calibrated"
+    return None

@@ -1,0 +1,101 @@
+"""``quantize``'s fidelity check: median-length sequences, ``--compare`` from one calibration pass, its table."""
+
+import json
+import random
+
+import pytest
+
+from ptq_protein.cli import compare_table
+from ptq_protein.cli.main import main
+from ptq_protein.eval.bench.fidelity import fidelity_sequences
+
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_fidelity_sequences_are_never_the_shortest_when_longer_exist():
+    rng = random.Random(0)
+    for _ in range(500):
+        total = rng.randint(1, 30)
+        lengths = rng.sample(range(20, 1000), total)  # distinct lengths
+        n = rng.randint(1, 6)
+        picked = fidelity_sequences(lengths, n)
+        chosen = sorted(lengths[i] for i in picked)
+        ordered = sorted(lengths)
+        assert len(set(picked)) == len(picked) == min(n, total)
+        if total > n:
+            assert chosen != ordered[:n], (lengths, n)  # a longer one exists: not the shortest few
+        median = (ordered[(total - 1) // 2] + ordered[total // 2]) / 2
+        assert chosen[0] <= median <= chosen[-1] or len(chosen) == 1 and abs(chosen[0] - median) <= \
+            min(abs(v - median) for v in ordered)
+    casp = [32, 35, 74, 95, 98, 100, 172, 186, 190, 949]
+    assert sorted(casp[i] for i in fidelity_sequences(casp, 3)) == [98, 100, 172]
+    with pytest.raises(ValueError, match="at least 1"):
+        fidelity_sequences(casp, 0)
+
+
+def test_quickstart_demo_prints_the_comparison_from_one_calibration_pass(tmp_path, capsys, calibration_counter):
+    code, out, err = _run(capsys, "quantize", "tiny-esmfold", "--bits", "8", "--calib", "casp14:6",
+                          "--num-recycles", "0", "--check", "2", "--out", str(tmp_path / "a"))
+    assert code == 0, err
+    assert calibration_counter["passes"] == 1  # w8a8-pwlq and the demo's w8a8-uniform share the pass
+    assert calibration_counter["forwards"] == 2  # casp14:6 in batches of 4: one pass of 2 batches
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("fidelity vs the FP model"))
+    assert "toolkit check, random weights" in lines[head]
+    assert lines[head + 1].startswith("on the 2 median-length calibration sequences of 6 (")
+    assert lines[head + 2].split() == ["recipe", "bits", "W/A", "rel.", "error", "TM", "vs", "FP"]
+    rows = [line.split() for line in lines[head + 3:head + 5]]
+    assert [r[:2] for r in rows] == [["w8a8-pwlq", "8/8"], ["w8a8-uniform", "8/8"]]
+    for row in rows:
+        rel, tm = float(row[2]), float(row[3])
+        assert 0 <= rel < 1 and 0 < tm <= 1
+
+
+def test_compare_json_carries_the_table_and_skips_unknown_recipes(tmp_path, capsys, calibration_counter, monkeypatch):
+    monkeypatch.setattr(compare_table, "DEMO_COMPARE", ("w8a8-uniform", "study-not-here"))
+    code, out, err = _run(capsys, "quantize", "tiny-esm2", "--calib", "casp14:5", "--check", "2", "--json",
+                          "--out", str(tmp_path / "a"))
+    assert code == 0, err
+    comparison = json.loads(out)["comparison"]
+    assert comparison["skipped"] == ["study-not-here"]
+    assert [r["recipe"] for r in comparison["rows"]] == ["w8a8-pwlq", "w8a8-uniform"]
+    assert all(0 <= r["top1_agreement"] <= 1 and r["weight_bits"] == 8 for r in comparison["rows"])
+    assert comparison["calibration"] == {"passes": 1, "separate": {}}
+    assert calibration_counter["passes"] == 1
+    seqs = comparison["sequences"]
+    assert len(seqs["ids"]) == 2 and seqs["lengths"] == [min(128, n) for n in seqs["full_lengths"]]
+
+    code, out, err = _run(capsys, "quantize", "tiny-esm2", "--calib", "casp14:5", "--check", "1", "--json",
+                          "--compare", "none", "--out", str(tmp_path / "b"))
+    assert code == 0, err
+    assert [r["recipe"] for r in json.loads(out)["comparison"]["rows"]] == ["w8a8-pwlq"]
+
+
+def test_compare_without_the_check_is_refused(tmp_path, capsys):
+    code, _, err = _run(capsys, "quantize", "tiny-esm2", "--check", "0", "--compare", "w8a8-uniform",
+                        "--out", str(tmp_path / "a"))
+    assert code == 2 and "--check" in err and len(err.strip().splitlines()) == 1
+
+
+def test_readme_quickstart_output_is_the_printed_format(capsys):
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    marker = "It ends like this (`0.####`: the numbers your run measures):\n\n```\n"
+    block = readme.split(marker, 1)[1].split("```", 1)[0]
+    lines = block.splitlines()
+    ids = lines[1].split("(", 1)[1].split(";", 1)[0].split(", ")
+    rows = [line.split() for line in lines[3:]]
+    comparison = {
+        "sequences": {"source": "the 3 median-length calibration sequences of 50", "ids": ids,
+                      "lengths": [128] * 3, "full_lengths": [200] * 3},
+        "rows": [{"recipe": r[0], "weight_bits": int(r[1].split("/")[0]), "activation_bits": int(r[1].split("/")[1]),
+                  "relative_error": 0.1234, "tm_vs_fp": 0.1234} for r in rows],
+        "calibration": {"passes": 1, "separate": {}},
+    }
+    compare_table.print_comparison(comparison, demo=True)
+    assert capsys.readouterr().out.replace("0.1234", "0.####") == block

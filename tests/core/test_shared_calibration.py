@@ -1,0 +1,60 @@
+"""Several recipes from one calibration pass: same models as calibrating each alone, fewer passes."""
+
+import pytest
+import torch
+
+import ptq_protein as pp
+from ptq_protein import shared_calibration
+from ptq_protein.calibration.sharing import StatsNeeds, merge_collection_specs
+from ptq_protein.config import Granularity, RangeMethod, Scheme, TensorQuant
+from ptq_protein.models.adapters import get_adapter
+
+
+def _logits(model, seqs):
+    adapter = get_adapter(model)
+    with torch.no_grad():
+        return adapter.forward(model, adapter.make_batch(seqs))["logits"]
+
+
+def test_shared_pass_gives_the_same_models_as_calibrating_alone(esm2, seqs, calibration_counter):
+    recipes = ["w8a8-pwlq", "w8a8-uniform", "a8-pwlq", "w8a8-pwlq-all"]
+    passes, notes = shared_calibration.calibrate_recipes(esm2, recipes, seqs, batch_size=2)
+    counts = dict(calibration_counter)
+    assert counts["passes"] == 1 and not notes
+    batches = len(list(get_adapter(esm2).batches(seqs, 2)))
+    assert counts["forwards"] == batches  # one pass over the calibration set, not one per recipe
+    for recipe in recipes:
+        assert passes[recipe] is passes["w8a8-pwlq"]
+        shared = pp.quantize(esm2, recipe, statistics=passes[recipe])
+        alone = pp.quantize(esm2, recipe, calibration=seqs, batch_size=2)
+        torch.testing.assert_close(_logits(shared, seqs), _logits(alone, seqs), rtol=0, atol=0)
+        assert shared.ptq_state.calibration == alone.ptq_state.calibration
+        assert shared.ptq_state.report == alone.ptq_state.report
+
+
+def test_incompatible_statistics_get_their_own_pass_with_a_reason(esm2, seqs, calibration_counter):
+    other_k = pp.get_preset("w8a8-uniform").replace(
+        name="uniform-top5", activations=TensorQuant(bits=8, range_method=RangeMethod.TOPK, topk=5))
+    recipes = ["w8a8-uniform", other_k, "w8a8-pwlq", "w8-only", "w8a8-dynamic"]
+    passes, notes = shared_calibration.calibrate_recipes(esm2, recipes, seqs, batch_size=2)
+    counts = dict(calibration_counter)
+    assert counts["passes"] == 2
+    assert passes["w8a8-pwlq"] is passes["w8a8-uniform"] is not passes["uniform-top5"]
+    assert passes["w8-only"] is None and passes["w8a8-dynamic"] is None  # nothing to calibrate
+    assert list(notes) == ["uniform-top5"] and "different k (100 and 5)" in notes["uniform-top5"]
+    with pytest.raises(ValueError, match="cannot serve recipe 'uniform-top5'"):
+        pp.quantize(esm2, other_k, statistics=passes["w8a8-uniform"])
+
+
+def test_stats_needs_merge():
+    tensor = TensorQuant(bits=8)
+    topk = TensorQuant(bits=8, range_method=RangeMethod.TOPK, topk=7)
+    channel = TensorQuant(bits=8, granularity=Granularity.PER_CHANNEL)
+    pwlq = TensorQuant(bits=6, scheme=Scheme.PWLQ, symmetric=False)
+    merged, reason = merge_collection_specs({"a": pwlq, "b": tensor}, {"a": topk, "c": channel})
+    assert reason is None and set(merged) == {"a", "b", "c"}
+    assert StatsNeeds.of(merged["a"]) == StatsNeeds(per_channel=False, topk=7)
+    assert StatsNeeds.of(pwlq).covered_by(StatsNeeds.of(merged["a"]))
+    assert StatsNeeds.of(topk).covered_by(StatsNeeds.of(merged["a"]))
+    merged, reason = merge_collection_specs({"a": tensor}, {"a": channel})
+    assert merged is None and "site a" in reason and "per-channel" in reason
