@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 from torch import nn
 
 from ptq_protein.models.adapters import get_adapter
+from ptq_protein.models.mapped import mapped_file_of, release_after_forward
 from ptq_protein.calibration.calibrate import calibrate
 from ptq_protein.config import Backend, QuantConfig, SiteKind, TensorQuant
 from ptq_protein.nn.convert import swap_modules_
@@ -112,7 +113,8 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
         sequences; needed when activations are static.
     batch_size : calibration batch size.
     backend : ``"fake"`` (simulation) or ``"int8"`` (integer GEMMs); overrides the config.
-    inplace : modify ``model`` itself instead of a deep copy.
+    inplace : modify ``model`` itself instead of a deep copy (the CLI does: no second
+        copy of the weights). Float weights are dropped as each layer is swapped.
     num_recycles : ESMFold only: recycles during calibration (default: the model's).
     calib_max_length : crop calibration sequences longer than this to their central
         window of this many residues (None keeps them whole). ESMFold's triangle
@@ -129,6 +131,8 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     _check_backend(cfg)
     adapter = get_adapter(model)
     qmodel = model if inplace else copy.deepcopy(model)
+    # weights memory-mapped by load_model(mmap=True): hand each layer's pages back once used
+    mapped = mapped_file_of(qmodel) if inplace else None
     adapter.prepare(qmodel)
     all_sites = discover_sites(qmodel, adapter)
     if not all_sites:
@@ -144,8 +148,9 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
         name, seqs = resolve_calibration(calibration)
         seqs = [_crop(s, calib_max_length) for s in adapter.validate(seqs, where="calibration")]
         extra = {"num_recycles": num_recycles} if num_recycles is not None else {}
-        stats = calibrate(qmodel, adapter, static_sites, _specs_for(static_sites, cfg), seqs,
-                          batch_size=batch_size, progress=progress, forward_kwargs=extra)
+        with release_after_forward(qmodel, mapped):
+            stats = calibrate(qmodel, adapter, static_sites, _specs_for(static_sites, cfg), seqs,
+                              batch_size=batch_size, progress=progress, forward_kwargs=extra)
         calib_info = CalibrationInfo(name, len(seqs), _sequences_sha(seqs))
     quants: Dict[str, ActQuantizer] = {}
     fp_sites = []
@@ -164,9 +169,10 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     if fp_sites:
         log.warning("%d site(s) never saw a residue during calibration and stay in floating point: %s",
                     len(fp_sites), ", ".join(fp_sites[:5]) + (" ..." if len(fp_sites) > 5 else ""))
-    originals = {s.name: qmodel.get_submodule(s.name).weight for s in chosen if s.kind is SiteKind.LINEAR}
-    done = swap_modules_(qmodel, {s.name: s for s in chosen}, quants, cfg)
-    report = build_report(qmodel, chosen, stats, quants, cfg, originals)
+    weight_sqnr: Dict[str, float] = {}
+    release = None if mapped is None else (lambda old: mapped.release(old.parameters()))
+    done = swap_modules_(qmodel, {s.name: s for s in chosen}, quants, cfg, weight_sqnr, release)
+    report = build_report(qmodel, chosen, stats, quants, cfg, weight_sqnr)
     histograms = {name: st.histogram.support() for name, st in stats.items() if st.count}
     qmodel.ptq_state = QuantState(cfg, adapter.family, chosen, done, calib_info, report, fp_sites, histograms)
     return qmodel

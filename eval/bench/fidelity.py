@@ -8,14 +8,14 @@ mean pLDDT difference.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, List, Sequence
 
 import torch
 from torch import nn
 
 from ptq_protein.models.adapters import ModelAdapter, get_adapter
 
-__all__ = ["relative_error", "compare_models", "main_output"]
+__all__ = ["relative_error", "compare_models", "reference_outputs", "compare_to_reference", "main_output"]
 
 
 def relative_error(reference: torch.Tensor, other: torch.Tensor) -> float:
@@ -44,10 +44,29 @@ def compare_models(fp_model: nn.Module, q_model: nn.Module, sequences: Sequence[
                    adapter: ModelAdapter = None) -> Dict[str, float]:
     """Mean fidelity metrics over ``sequences`` (one at a time, so no padding is involved)."""
     adapter = adapter or get_adapter(fp_model)
+    return compare_to_reference(reference_outputs(fp_model, sequences, adapter), q_model, sequences, adapter)
+
+
+@torch.no_grad()
+def reference_outputs(fp_model: nn.Module, sequences: Sequence[str], adapter: ModelAdapter = None) -> List[Any]:
+    """The FP model's outputs on ``sequences``, one at a time.
+
+    Lets a caller that quantizes in place (the CLI) keep only these outputs
+    instead of a second copy of the float model.
+    """
+    adapter = adapter or get_adapter(fp_model)
+    return [adapter.forward(fp_model, adapter.make_batch([seq])) for seq in sequences]
+
+
+@torch.no_grad()
+def compare_to_reference(references: Sequence[Any], q_model: nn.Module, sequences: Sequence[str],
+                         adapter: ModelAdapter = None) -> Dict[str, float]:
+    """:func:`compare_models` against outputs from :func:`reference_outputs`."""
+    adapter = adapter or get_adapter(q_model)
     rel, agree, ca_rmsd, tm, dplddt = [], [], [], [], []
-    for seq in sequences:
+    for seq, out_fp in zip(sequences, references):
         batch = adapter.make_batch([seq])
-        out_fp, out_q = adapter.forward(fp_model, batch), adapter.forward(q_model, batch)
+        out_q = adapter.forward(q_model, batch)
         ref, oth = main_output(out_fp), main_output(out_q)
         if hasattr(out_fp, "keys") and "positions" in out_fp.keys():
             ca_fp, ca_q = ref[0, :, 1].double(), oth[0, :, 1].double()  # atom14 index 1 = CA

@@ -15,8 +15,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", metavar="PATH", help="checkpoint file or folder to use instead of the caches")
 
 
-def load_float_model(args: argparse.Namespace, name: str):
-    """LoadedModel for ``name`` on the requested device/dtype."""
+def load_float_model(args: argparse.Namespace, name: str, mmap: bool = False):
+    """LoadedModel for ``name`` on the requested device/dtype (``mmap``: see ``load_model``)."""
     import torch
 
     from ptq_protein.cli.common import resolve_device
@@ -24,7 +24,7 @@ def load_float_model(args: argparse.Namespace, name: str):
 
     torch.manual_seed(args.seed)
     return load_model(name, weights=getattr(args, "weights", None), device=resolve_device(args.device),
-                      dtype=getattr(torch, _DTYPES[args.dtype]))
+                      dtype=getattr(torch, _DTYPES[args.dtype]), mmap=mmap)
 
 
 def is_artifact(path: str) -> bool:

@@ -52,22 +52,27 @@ def _recipe_name(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     import ptq_protein as pp
     from ptq_protein.api import resolve_calibration
+    from ptq_protein.eval.bench.fidelity import compare_to_reference, reference_outputs
+    from ptq_protein.models.mapped import mapped_file_of, release_after_forward
 
     recipe = _recipe_name(args)
     out = Path(args.out or f"runs/{Path(args.model).name}-{recipe}")
     if out.exists() and not args.force:
         raise FileExistsError(f"{out} already exists; pass --force to overwrite it or choose another --out")
-    loaded = load_float_model(args, args.model)
+    loaded = load_float_model(args, args.model, mmap=True)
+    shortest = sorted(resolve_calibration(args.calib)[1], key=len)[: max(args.check, 0)]
+    # The float model is quantized in place (no second copy): keep only its outputs for the check.
+    with release_after_forward(loaded.model, mapped_file_of(loaded.model)):
+        references = reference_outputs(loaded.model, shortest) if shortest else []
     qmodel = pp.quantize(loaded.model, recipe, calibration=args.calib, batch_size=args.batch_size,
                          backend=args.backend, progress=show_progress(args), num_recycles=args.num_recycles,
-                         calib_max_length=calib_crop(args, loaded.device))
+                         calib_max_length=calib_crop(args, loaded.device), inplace=True)
     info = {"name": loaded.name, "family": loaded.family, "source": str(loaded.source),
             "source_sha256": loaded.source_sha256}
     pp.save(qmodel, out, force=args.force, model_info=info)
     summary = _summary(qmodel, out, recipe, loaded)
-    if args.check > 0:
-        shortest = sorted(resolve_calibration(args.calib)[1], key=len)[: args.check]
-        summary["fidelity_vs_fp"] = pp.compare_models(loaded.model, qmodel, shortest)
+    if shortest:
+        summary["fidelity_vs_fp"] = compare_to_reference(references, qmodel, shortest)
     if args.json:
         print_json(summary)
     else:

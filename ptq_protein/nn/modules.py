@@ -198,19 +198,30 @@ class QuantLinear(nn.Module):
         self._int_cache: Dict[str, torch.Tensor] = {}
 
     # -- weights ---------------------------------------------------------------------
+    # A float copy of the weight costs 4 bytes per weight (float32), i.e. 4x the int8
+    # codes: keeping one per layer would make a quantized model bigger than its float
+    # original. So by default the weight is dequantized on the fly in each forward
+    # (one elementwise pass over [N, K], small next to the GEMM with many tokens).
+    cache_dequantized: bool = False
+
     def dequantized_weight(self, dtype: torch.dtype) -> torch.Tensor:
-        """The float weight the codes stand for (cached; fake backend and weight-only sites)."""
+        """The float weight the codes stand for (fake backend and weight-only sites).
+
+        Recomputed each call unless ``cache_dequantized`` is True on this module
+        (see :func:`ptq_protein.nn.convert.cache_dequantized_weights`).
+        """
         if self.weight_spec is None:
             return self.weight
         cached = self._dequantized
-        if cached is None or cached.dtype != dtype or cached.device != self.weight_codes.device:
-            if self.weight_codebook is not None:
-                w = pwlq_dequantize(self.weight_codes, self.weight_codebook)
-            else:
-                w = dequantize(self.weight_codes, self.weight_scale, self.weight_zero_point)
-            cached = w.to(dtype)
-            self._dequantized = cached
-        return cached
+        if cached is not None and cached.dtype == dtype and cached.device == self.weight_codes.device:
+            return cached
+        if self.weight_codebook is not None:
+            w = pwlq_dequantize(self.weight_codes, self.weight_codebook)
+        else:
+            w = dequantize(self.weight_codes, self.weight_scale, self.weight_zero_point)
+        w = w.to(dtype)
+        self._dequantized = w if self.cache_dequantized else None
+        return w
 
     def _apply(self, fn, recurse=True):  # device/dtype moves invalidate the caches
         self._dequantized = None
