@@ -152,6 +152,19 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
             stats = calibrate(qmodel, adapter, static_sites, _specs_for(static_sites, cfg), seqs,
                               batch_size=batch_size, progress=progress, forward_kwargs=extra)
         calib_info = CalibrationInfo(name, len(seqs), _sequences_sha(seqs))
+    quants, fp_sites = fit_activation_quantizers(cfg, act_sites, static_sites, stats)
+    weight_sqnr: Dict[str, float] = {}
+    release = None if mapped is None else (lambda old: mapped.release(old.parameters()))
+    done = swap_modules_(qmodel, {s.name: s for s in chosen}, quants, cfg, weight_sqnr, release)
+    report = build_report(qmodel, chosen, stats, quants, cfg, weight_sqnr)
+    histograms = {name: st.histogram.support() for name, st in stats.items() if st.count}
+    qmodel.ptq_state = QuantState(cfg, adapter.family, chosen, done, calib_info, report, fp_sites, histograms)
+    return qmodel
+
+
+def fit_activation_quantizers(cfg: QuantConfig, act_sites: Sequence[Site], static_sites: Sequence[Site],
+                              stats: Dict[str, Any]) -> tuple:
+    """({site: quantizer}, [sites left in floating point]) from calibration statistics."""
     quants: Dict[str, ActQuantizer] = {}
     fp_sites = []
     for site in act_sites:
@@ -169,13 +182,7 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     if fp_sites:
         log.warning("%d site(s) never saw a residue during calibration and stay in floating point: %s",
                     len(fp_sites), ", ".join(fp_sites[:5]) + (" ..." if len(fp_sites) > 5 else ""))
-    weight_sqnr: Dict[str, float] = {}
-    release = None if mapped is None else (lambda old: mapped.release(old.parameters()))
-    done = swap_modules_(qmodel, {s.name: s for s in chosen}, quants, cfg, weight_sqnr, release)
-    report = build_report(qmodel, chosen, stats, quants, cfg, weight_sqnr)
-    histograms = {name: st.histogram.support() for name, st in stats.items() if st.count}
-    qmodel.ptq_state = QuantState(cfg, adapter.family, chosen, done, calib_info, report, fp_sites, histograms)
-    return qmodel
+    return quants, fp_sites
 
 
 def _crop(seq: str, max_length: Optional[int]) -> str:

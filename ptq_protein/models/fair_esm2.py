@@ -22,7 +22,7 @@ import torch
 from ptq_protein.errors import InputError
 from ptq_protein.models.esmfold_convert import load_checked
 
-__all__ = ["esm2_skeleton", "fair_esm2_state", "load_fair_esm2"]
+__all__ = ["esm2_skeleton", "fair_esm2_state", "fill_missing_regression", "load_fair_esm2"]
 
 _FAIR_PREFIXES = re.compile(r"^(encoder\.sentence_encoder\.|encoder\.)")  # fair-esm's upgrade_state_dict
 _REGRESSION = ("contact_head.regression.weight", "contact_head.regression.bias")
@@ -54,17 +54,22 @@ def fair_esm2_state(data: Dict[str, Any], regression: Optional[Dict[str, Any]] =
     return state
 
 
+def fill_missing_regression(model: torch.nn.Module, state: Dict[str, torch.Tensor]) -> None:
+    """As fair-esm: without contact-regression weights, warn and keep a randomly initialised one."""
+    if all(k in state for k in _REGRESSION):
+        return
+    warnings.warn("Regression weights not found, predicting contacts will not produce correct results.")
+    head = model.contact_head.regression
+    head.to_empty(device="cpu")
+    head.reset_parameters()
+    state.update({f"contact_head.regression.{n}": p.detach() for n, p in head.named_parameters()})
+
+
 def load_fair_esm2(data: Dict[str, Any], regression: Optional[Dict[str, Any]], path: Path):
     """(model in eval mode, alphabet): the checkpoint's tensors become the parameters, no copy."""
     model, alphabet = esm2_skeleton(data, path)
     state = fair_esm2_state(data, regression)
-    absent = [k for k in _REGRESSION if k not in state]
-    if absent:  # as fair-esm: warn and keep a randomly initialised regression
-        warnings.warn("Regression weights not found, predicting contacts will not produce correct results.")
-        head = model.contact_head.regression
-        head.to_empty(device="cpu")
-        head.reset_parameters()
-        state.update({f"contact_head.regression.{n}": p.detach() for n, p in head.named_parameters()})
+    fill_missing_regression(model, state)
     load_checked(model, state, where=str(path), assign=True)
     # fair-esm ties lm_head.weight to embed_tokens.weight; its copying loader leaves both equal to the
     # file's lm_head.weight (loaded last), so tie them to that tensor.

@@ -43,7 +43,7 @@ from ptq_protein.models.tiny import TINY_MODELS, build_tiny
 from ptq_protein.models.tokens import (esm_tokenizer, esmfold_tokenizer, tokenize_esmfold, tokenize_fair_esm,
                                        tokenize_hf_esm)
 
-__all__ = ["ModelFamily", "LoadedModel", "load_model"]
+__all__ = ["ModelFamily", "LoadedModel", "load_model", "locate_weights"]
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +158,16 @@ def load_model(name_or_path: Union[str, os.PathLike], weights: Optional[Union[st
 
 
 # --- resolution ----------------------------------------------------------------
+
+
+def locate_weights(name_or_path: Union[str, os.PathLike], weights: Optional[Union[str, os.PathLike]] = None
+                   ) -> Optional[Path]:
+    """The file or folder :func:`load_model` would read, without reading it (None for tiny models)."""
+    name = str(name_or_path)
+    tiny = _TINY_SEED.fullmatch(name)
+    if weights is None and (name in TINY_MODELS or (tiny and tiny.group("name") in TINY_MODELS)):
+        return None
+    return _locate(name, weights)
 
 
 def _locate(name: str, weights: Optional[Union[str, os.PathLike]]) -> Path:
