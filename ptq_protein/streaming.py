@@ -38,7 +38,7 @@ from ptq_protein.errors import InputError
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.checkpoints import load_torch_checkpoint
 from ptq_protein.models.fair_esm2 import esm2_skeleton, fair_esm2_state, fill_missing_regression
-from ptq_protein.models.mapped import MappedFile
+from ptq_protein.models.mapped import MappedFile, trim_heap
 from ptq_protein.nn.convert import swap_modules_
 from ptq_protein.nn.qparams import needs_calibration
 from ptq_protein.presets import resolve_config
@@ -89,6 +89,7 @@ def quantize_streaming(path: Union[str, Path], config: Union[str, QuantConfig, d
         mapped.release(own.values())
         step = lambda x, pad, layer=layer: layer(x, self_attn_padding_mask=pad)[0]  # noqa: E731
         streams = run.calibrate_and_swap(prefix, step, streams, propagate)
+        trim_heap()  # the float layer just freed (see trim_heap)
     run.calibrate_and_swap("", lambda x, pad: model.lm_head(model.emb_layer_norm_after(x).transpose(0, 1)),
                            streams, propagate, rest=True)
     info = CalibrationInfo(name, len(seqs), _sequences_sha(seqs))
