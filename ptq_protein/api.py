@@ -15,9 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
+import torch
 from torch import nn
 
 from ptq_protein.models.adapters import get_adapter
+from ptq_protein.models.mapped import mapped_file_of, release_after_forward
+from ptq_protein.quant.metrics import sqnr_db
 from ptq_protein.calibration.calibrate import calibrate
 from ptq_protein.calibration.sites import Site, discover_sites, select_sites, set_module
 from ptq_protein.calibration.study import study_calibrate
@@ -183,7 +186,8 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
         sequences; needed when activations are static.
     batch_size : calibration batch size.
     backend : ``"fake"`` (simulation) or ``"int8"`` (integer GEMMs); overrides the config.
-    inplace : modify ``model`` itself instead of a deep copy.
+    inplace : modify ``model`` itself instead of a deep copy (the CLI does: no second
+        copy of the weights). Float weights are dropped as each layer is swapped.
     num_recycles : ESMFold only: recycles during calibration (default: the model's).
     calib_max_length : crop calibration sequences longer than this to their central
         window of this many residues (None keeps them whole). ESMFold's triangle
@@ -208,6 +212,8 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     adapter = get_adapter(model)
     _check_run_options(adapter, calib_max_length, num_recycles)
     qmodel = model if inplace else copy.deepcopy(model)
+    # weights memory-mapped by load_model(mmap=True): hand each layer's pages back once used
+    mapped = mapped_file_of(qmodel) if inplace else None
     adapter.prepare(qmodel)
     if cfg.study is not None:
         extra = {"num_recycles": num_recycles} if num_recycles is not None else {}
@@ -240,16 +246,33 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     if cfg.smoothquant is not None:
         smooth_model_(qmodel, adapter, seqs, cfg.smoothquant, linears=set(linear_names), batch_size=batch_size,
                       forward_kwargs=extra)
-    originals = {n: qmodel.get_submodule(n).weight for n in linear_names}
+    originals: Dict[str, Any] = {}
     weight_codes = {}
-    if cfg.gptq is not None:
-        originals = {n: w.detach().clone() for n, w in originals.items()}  # GPTQ overwrites the copy's weights
+    if cfg.gptq is not None:  # GPTQ overwrites the copy's weights: its SQNR is against the float originals
+        originals = {n: qmodel.get_submodule(n).weight.detach().clone() for n in linear_names}
         weight_codes = gptq_model_(qmodel, adapter, linear_names, cfg.weights, cfg.gptq, seqs,
                                    batch_size=batch_size, forward_kwargs=extra)
     if to_calibrate and statistics is None:
-        stats = calibrate(qmodel, adapter, to_calibrate, _specs_for(to_calibrate, cfg), seqs,
-                          batch_size=batch_size, progress=progress, forward_kwargs=extra,
-                          include_special=cfg.special_tokens is SpecialTokens.INCLUDE)
+        with release_after_forward(qmodel, mapped):
+            stats = calibrate(qmodel, adapter, to_calibrate, _specs_for(to_calibrate, cfg), seqs,
+                              batch_size=batch_size, progress=progress, forward_kwargs=extra,
+                              include_special=cfg.special_tokens is SpecialTokens.INCLUDE)
+    quants, fp_sites = fit_activation_quantizers(cfg, act_sites, to_calibrate, stats)
+    weight_sqnr: Dict[str, float] = {}
+    release = None if mapped is None else (lambda old: mapped.release(old.parameters()))
+    done = swap_modules_(qmodel, {s.name: s for s in chosen}, quants, cfg, weight_codes, weight_sqnr, release)
+    for name, weight in originals.items():
+        weight_sqnr[name] = sqnr_db(weight, qmodel.get_submodule(name).dequantized_weight(torch.float32))
+    apply_special_tokens_(qmodel, adapter, cfg)
+    report = build_report(qmodel, chosen, stats, quants, cfg, weight_sqnr)
+    histograms = {name: st.histogram.support() for name, st in stats.items() if st.count}
+    qmodel.ptq_state = QuantState(cfg, adapter.family, chosen, done, calib_info, report, fp_sites, histograms)
+    return qmodel
+
+
+def fit_activation_quantizers(cfg: QuantConfig, act_sites: Sequence[Site], to_calibrate: Sequence[Site],
+                              stats: Dict[str, Any]) -> tuple:
+    """({site: quantizer}, [sites left in floating point]) from calibration statistics."""
     quants: Dict[str, ActQuantizer] = {}
     fp_sites = []
     for site in act_sites:
@@ -267,12 +290,7 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     if fp_sites:
         log.warning("%d site(s) never saw a residue during calibration and stay in floating point: %s",
                     len(fp_sites), ", ".join(fp_sites[:5]) + (" ..." if len(fp_sites) > 5 else ""))
-    done = swap_modules_(qmodel, {s.name: s for s in chosen}, quants, cfg, weight_codes)
-    apply_special_tokens_(qmodel, adapter, cfg)
-    report = build_report(qmodel, chosen, stats, quants, cfg, originals)
-    histograms = {name: st.histogram.support() for name, st in stats.items() if st.count}
-    qmodel.ptq_state = QuantState(cfg, adapter.family, chosen, done, calib_info, report, fp_sites, histograms)
-    return qmodel
+    return quants, fp_sites
 
 
 def _check_run_options(adapter, calib_max_length: Optional[int], num_recycles: Optional[int]) -> None:

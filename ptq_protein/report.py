@@ -54,14 +54,12 @@ def _histogram_sqnr(stats, quant: ActQuantizer) -> Optional[float]:
     return sqnr_db(signal, noise)
 
 
-def _weight_entry(module: QuantLinear, original_weight: Optional[torch.Tensor]) -> Dict[str, Any]:
+def _weight_entry(module: QuantLinear, weight_sqnr: Optional[float]) -> Dict[str, Any]:
     if module.weight_spec is None:
         return {}
-    w_q = module.dequantized_weight(torch.float32).detach().double()
     entry: Dict[str, Any] = {"weight": module.weight_spec.describe()}
-    if original_weight is not None:
-        w = original_weight.detach().double()
-        entry["weight_sqnr_db"] = sqnr_db(float((w ** 2).mean()), float(((w - w_q) ** 2).mean()))
+    if weight_sqnr is not None:
+        entry["weight_sqnr_db"] = weight_sqnr
     return entry
 
 
@@ -92,8 +90,8 @@ def _activation_entry(stats, quant: Optional[ActQuantizer]) -> Dict[str, Any]:
 
 def build_report(qmodel: nn.Module, sites: Sequence[Site], stats: Dict[str, Any],
                  quants: Dict[str, ActQuantizer], config: QuantConfig,
-                 original_weights: Optional[Dict[str, torch.Tensor]] = None) -> List[Dict[str, Any]]:
-    """One dict per site, in model order."""
+                 weight_sqnr: Optional[Dict[str, float]] = None) -> List[Dict[str, Any]]:
+    """One dict per site, in model order; ``weight_sqnr`` from :func:`~ptq_protein.nn.convert.swap_modules_`."""
     rows = []
     for site in sites:
         if site.kind is SiteKind.MATMUL:
@@ -105,8 +103,7 @@ def build_report(qmodel: nn.Module, sites: Sequence[Site], stats: Dict[str, Any]
         row: Dict[str, Any] = {"site": site.name, "kind": site.kind.value, "group": site.group}
         module = qmodel.get_submodule(site.name)
         if isinstance(module, QuantLinear):
-            original = None if original_weights is None else original_weights.get(site.name)
-            row.update(_weight_entry(module, original))
+            row.update(_weight_entry(module, None if weight_sqnr is None else weight_sqnr.get(site.name)))
         row.update(_activation_entry(stats.get(site.name), quants.get(site.name)))
         if not isinstance(module, (QuantLinear, QuantInput)):
             row["status"] = "floating point"

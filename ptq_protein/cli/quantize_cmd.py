@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 
 from ptq_protein.cli.auto_opts import add_auto_options, auto_budget, run_auto
-from ptq_protein.cli.common import (add_calib_crop_option, add_json_option, add_runtime_options, calib_crop,
-                                    print_json, show_progress)
+from ptq_protein.cli.common import (CPU_CALIB_MAX_LENGTH, add_calib_crop_option, add_json_option,
+                                    add_runtime_options, calib_crop, print_json, show_progress)
 from ptq_protein.cli.compare_table import add_check_options, compare_names, print_comparison
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, load_float_model
 
@@ -42,6 +42,9 @@ def register(subparsers) -> None:
     p.add_argument("--backend", choices=["fake", "int8"], default="fake", help="execution backend recorded in the artifact")
     p.add_argument("--num-recycles", type=int, help="ESMFold: recycles during calibration (default: the model's)")
     add_calib_crop_option(p)
+    p.add_argument("--low-memory", action="store_true",
+                   help="fair-esm ESM-2 files: stream the model layer by layer from the memory-mapped checkpoint "
+                        "(peak memory about the int8 model plus one float layer); same artifact as the default")
     add_check_options(p)
     add_auto_options(p)
     add_model_options(p)
@@ -62,9 +65,10 @@ def _recipe_name(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     import ptq_protein as pp
-    from ptq_protein.artifact import check_artifact_out
     from ptq_protein.recipe_compare import known_recipes
     from ptq_protein.shared_calibration import calibrate_recipes
+
+    from ptq_protein.artifact import check_artifact_out
 
     budget = auto_budget(args)  # a bad budget fails before any model is loaded
     recipe = "auto" if budget is not None else _recipe_name(args)
@@ -73,34 +77,54 @@ def run(args: argparse.Namespace) -> int:
     out = args.out if args.out is not None else f"runs/{Path(args.model).name}-{recipe}"
     check_artifact_out(out, force=args.force)  # before calibration: refused in words, not after minutes
     out = Path(out)
-    loaded = load_float_model(args, args.model)
+    _check_memory(args)
+    if args.low_memory:
+        if budget is not None:
+            raise ValueError("--low-memory streams one fixed recipe; drop --auto or --low-memory")
+        qmodel = _quantize_streaming(args, recipe)
+        summary = _summary(qmodel, out, recipe, _save(qmodel, out, args, None))
+        return _report(summary, args, demo=False)
+    loaded = load_float_model(args, args.model, mmap=True)
     demo = _is_demo(loaded)
     crop = calib_crop(args, loaded.device)
     compare, skipped, passes, separate = [], [], {}, {}
+    if budget is None:
+        compare, skipped = known_recipes([n for n in compare_names(args, demo) if n.strip() != recipe])
+    check = _fidelity_references(args, loaded, crop)  # before an in-place quantization consumes the FP model
     if budget is not None:
         qmodel = run_auto(args, loaded, budget)
     else:
-        compare, skipped = known_recipes([n for n in compare_names(args, demo) if n.strip() != recipe])
         passes, separate = calibrate_recipes(loaded.model, [recipe, *compare], args.calib,
                                              batch_size=args.batch_size, progress=show_progress(args),
                                              num_recycles=args.num_recycles, calib_max_length=crop)
+        # Without recipes to compare, the float model is quantized in place (no second copy in memory).
         qmodel = pp.quantize(loaded.model, recipe, calibration=args.calib, statistics=passes[recipe],
                              backend=args.backend, batch_size=args.batch_size, progress=show_progress(args),
-                             num_recycles=args.num_recycles, calib_max_length=crop)
-    info = {"name": loaded.name, "family": loaded.family, "source": str(loaded.source),
-            "source_sha256": loaded.source_sha256}
-    pp.save(qmodel, out, force=args.force, model_info=info)
-    summary = _summary(qmodel, out, recipe, loaded)
+                             num_recycles=args.num_recycles, calib_max_length=crop, inplace=not compare)
+    summary = _summary(qmodel, out, recipe, _save(qmodel, out, args, loaded))
     if qmodel.ptq_state.plan is not None:
         summary["plan"] = qmodel.ptq_state.plan.to_dict()
-    if args.check > 0:
-        comparison = _fidelity(args, loaded, qmodel, crop)
+    if check is not None:
+        comparison = _fidelity(qmodel, check)
         del qmodel  # the compared recipes are built one at a time next to the FP model
         comparison["rows"] += _compare_rows(args, loaded, compare, passes, comparison.pop("references"))
         comparison.update(skipped=skipped, calibration={"passes": len({id(p) for p in passes.values() if p}),
                                                         "separate": separate})
         summary["fidelity_vs_fp"] = comparison.pop("main_metrics")
         summary["comparison"] = comparison
+    return _report(summary, args, demo)
+
+
+def _save(qmodel, out: Path, args: argparse.Namespace, loaded) -> str:
+    """Write the artifact; returns the model's name for the summary."""
+    import ptq_protein as pp
+
+    info = _model_info(args, loaded)
+    pp.save(qmodel, out, force=args.force, model_info=info)
+    return info["name"]
+
+
+def _report(summary: dict, args: argparse.Namespace, demo: bool) -> int:
     if args.json:
         print_json(summary)
     else:
@@ -113,13 +137,25 @@ def _is_demo(loaded) -> bool:
     return str(loaded.source).startswith("tiny:")
 
 
-def _fidelity(args: argparse.Namespace, loaded, qmodel, crop) -> dict:
-    """The check's sequences, their FP outputs (kept for the compared recipes) and the main recipe's row."""
+def _fidelity_references(args: argparse.Namespace, loaded, crop):
+    """The check's sequences and their FP outputs (kept for every recipe compared), or None with --check 0."""
     from ptq_protein.eval.bench.fidelity import reference_outputs
-    from ptq_protein.recipe_compare import choose_fidelity_sequences, recipe_row
+    from ptq_protein.models.mapped import mapped_file_of, release_after_forward
+    from ptq_protein.recipe_compare import choose_fidelity_sequences
 
+    if args.check <= 0:
+        return None
     chosen = choose_fidelity_sequences(args.calib, args.check, crop)
-    refs = reference_outputs(loaded.model, loaded.validate(list(chosen.sequences)))
+    with release_after_forward(loaded.model, mapped_file_of(loaded.model)):
+        refs = reference_outputs(loaded.model, loaded.validate(list(chosen.sequences)))
+    return chosen, refs
+
+
+def _fidelity(qmodel, check) -> dict:
+    """The main recipe's row of the fidelity table."""
+    from ptq_protein.recipe_compare import recipe_row
+
+    chosen, refs = check
     row = recipe_row(qmodel.ptq_state.config, qmodel, refs)
     return {"sequences": chosen.to_dict(), "rows": [row.to_dict()], "references": refs, "main_metrics": row.metrics}
 
@@ -133,13 +169,41 @@ def _compare_rows(args: argparse.Namespace, loaded, compare, passes, refs) -> li
     return [row.to_dict() for row in rows]
 
 
-def _summary(qmodel, out: Path, recipe: str, loaded) -> dict:
+def _quantize_streaming(args: argparse.Namespace, recipe: str):
+    """--low-memory: layer by layer from the mapped file (no --check: the float model never exists whole)."""
+    from ptq_protein.cli.common import resolve_device
+    from ptq_protein.models.loading import locate_weights
+    from ptq_protein.streaming import quantize_streaming
+
+    path = locate_weights(args.model, args.weights)
+    if path is None or not path.is_file() or resolve_device(args.device) != "cpu" or args.dtype != "float32":
+        raise ValueError("--low-memory streams fair-esm ESM-2 .pt files on the CPU in float32; "
+                         "drop --low-memory for tiny models, Hugging Face folders, other devices or dtypes")
+    if args.backend != "fake":
+        raise ValueError("--low-memory writes backend 'fake' artifacts; drop --backend or --low-memory")
+    return quantize_streaming(path, recipe, calibration=args.calib, batch_size=args.batch_size,
+                              calib_max_length=calib_crop(args, "cpu"))
+
+
+def _model_info(args: argparse.Namespace, loaded) -> dict:
+    if loaded is not None:
+        return {"name": loaded.name, "family": loaded.family, "source": str(loaded.source),
+                "source_sha256": loaded.source_sha256}
+    from ptq_protein.models.checkpoints import file_sha256
+    from ptq_protein.models.loading import locate_weights
+
+    path = locate_weights(args.model, args.weights).resolve()
+    name = path.stem if Path(args.model).exists() else args.model
+    return {"name": name, "family": "fair-esm", "source": str(path), "source_sha256": file_sha256(path)}
+
+
+def _summary(qmodel, out: Path, recipe: str, model_name: str) -> dict:
     state = qmodel.ptq_state
     kinds: dict = {}
     for kind in state.quantized.values():
         kinds[kind] = kinds.get(kind, 0) + 1
     size = sum(f.stat().st_size for f in out.iterdir())
-    return {"artifact": str(out), "model": loaded.name, "recipe": recipe, "config": state.config.describe(),
+    return {"artifact": str(out), "model": model_name, "recipe": recipe, "config": state.config.describe(),
             "sites_quantized": len(state.quantized), "by_kind": kinds, "fp_sites": len(state.fp_sites),
             "calibration": None if state.calibration is None else state.calibration.to_dict(),
             "artifact_bytes": size}
@@ -160,3 +224,15 @@ def _print_summary(summary: dict, demo: bool) -> None:
             print(f"  {unit['unit']:<40} {unit['choice']}")
     if summary.get("comparison"):
         print_comparison(summary["comparison"], demo)
+
+
+def _check_memory(args: argparse.Namespace) -> None:
+    """Refuse, before loading, a run the estimate says cannot fit (see :mod:`ptq_protein.budget`)."""
+    from ptq_protein.api import resolve_calibration
+    from ptq_protein.budget import check_fits
+    from ptq_protein.models.loading import locate_weights
+
+    crop = args.calib_max_length if args.calib_max_length is not None else CPU_CALIB_MAX_LENGTH
+    longest = max((len(s) for s in resolve_calibration(args.calib)[1]), default=0)
+    tokens = args.batch_size * ((min(longest, crop) if crop else longest) + 2)
+    check_fits(locate_weights(args.model, args.weights), low_memory=args.low_memory, calibration_tokens=tokens)

@@ -28,6 +28,7 @@ import hashlib
 import logging
 import os
 import pickle
+import zipfile
 from pathlib import Path
 from typing import Any, Dict, Tuple, Union
 
@@ -71,8 +72,12 @@ class Unloaded:
         return f"<Unloaded {self.qualified_name}>"
 
 
-def load_torch_checkpoint(path: Union[str, os.PathLike], *, allow_pickle: bool = False) -> Any:
+def load_torch_checkpoint(path: Union[str, os.PathLike], *, allow_pickle: bool = False, mmap: bool = False) -> Any:
     """Load a ``.pt`` file onto the CPU as safely as its contents allow (see the module docstring).
+
+    ``mmap=True`` maps the file instead of reading it (zip-format files, i.e.
+    every file torch >= 1.6 writes): tensors are read from disk as they are
+    touched, so a caller can hold a whole checkpoint while using a layer of it.
 
     Raises
     ------
@@ -82,9 +87,10 @@ def load_torch_checkpoint(path: Union[str, os.PathLike], *, allow_pickle: bool =
     path = Path(path)
     if not path.is_file():
         raise InputError(f"checkpoint {path} does not exist; check the path")
+    mmap = mmap and zipfile.is_zipfile(path)  # legacy (pre-1.6) files cannot be mapped: read them
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         first_error = e
     except Exception as e:  # noqa: BLE001 -- zip, EOF and key errors all mean an unreadable file
@@ -93,9 +99,9 @@ def load_torch_checkpoint(path: Union[str, os.PathLike], *, allow_pickle: bool =
         if allow_pickle:
             logger.warning("loading %s with full unpickling (allow_pickle=True): only do this for files you trust",
                            path)
-            return torch.load(path, map_location="cpu", weights_only=False)
+            return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
         unpickler = _InertPickle()
-        data = torch.load(path, map_location="cpu", weights_only=False, pickle_module=unpickler)
+        data = torch.load(path, map_location="cpu", weights_only=False, pickle_module=unpickler, mmap=mmap)
     except Exception as e:  # noqa: BLE001 -- any failure here means the file cannot be read safely
         raise _corrupt(path, e, first_error) from e
     logger.info("%s holds non-tensor objects %s; they were kept as inert placeholders, not executed",

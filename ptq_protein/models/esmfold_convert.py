@@ -85,7 +85,7 @@ def hf_esmfold_to_fair(state_dict: Dict[str, torch.Tensor]) -> KeyMapping:
 
 
 def load_fair_esmfold(path: Union[str, os.PathLike], *, config=None, stem_path: Optional[Union[str, os.PathLike]] = None,
-                      allow_pickle: bool = False) -> Tuple[torch.nn.Module, Dict[str, object]]:
+                      allow_pickle: bool = False, mmap: bool = False) -> Tuple[torch.nn.Module, Dict[str, object]]:
     """Build ``EsmForProteinFolding`` from a fair-esm ESMFold checkpoint file.
 
     Parameters
@@ -99,6 +99,9 @@ def load_fair_esmfold(path: Union[str, os.PathLike], *, config=None, stem_path: 
         (default ``<torch hub>/checkpoints/esm2_t36_3B_UR50D.pt``).
     allow_pickle
         Fully unpickle the files (only for files you trust).
+    mmap
+        Memory-map ``path`` (see :mod:`ptq_protein.models.mapped`); the tensors
+        become the model's parameters either way (``assign=True``, no copy).
 
     Returns
     -------
@@ -107,7 +110,7 @@ def load_fair_esmfold(path: Union[str, os.PathLike], *, config=None, stem_path: 
     from transformers import EsmForProteinFolding
 
     path = Path(path)
-    state, _ = split_state(load_torch_checkpoint(path, allow_pickle=allow_pickle), path)
+    state, _ = split_state(load_torch_checkpoint(path, allow_pickle=allow_pickle, mmap=mmap), path)
     info: Dict[str, object] = {"stem_source": str(path)}
     if not any(k.startswith(_STEM) for k in state):
         stem_file = Path(stem_path) if stem_path else torch_checkpoints_dir() / f"{ESMFOLD_FAIR_STEM}.pt"
@@ -120,15 +123,24 @@ def load_fair_esmfold(path: Union[str, os.PathLike], *, config=None, stem_path: 
     if mapped.unknown:
         raise InputError(f"{path}: {len(mapped.unknown)} ESM-2 stem keys have no transformers name "
                          f"(e.g. {list(mapped.unknown)[:_SHOW]}); is this an ESMFold v1 checkpoint?")
-    load_checked(model, _fill_contact_head(model, mapped.state_dict, path), where=str(path))
+    load_checked(model, _fill_contact_head(model, mapped.state_dict, path), where=str(path), assign=True)
+    if mmap:
+        from ptq_protein.models.mapped import attach_mapping
+
+        attach_mapping(model, state.values())
     info["dropped_keys"] = list(mapped.dropped)
     if mapped.dropped:
         logger.info("%s: dropped %d keys ESMFold does not use (%s ...)", path, len(mapped.dropped), mapped.dropped[0])
     return model.eval(), info
 
 
-def load_checked(model: torch.nn.Module, state_dict: Dict[str, torch.Tensor], *, where: str) -> None:
-    """``load_state_dict`` that names missing, unexpected and mis-shaped keys in one :class:`InputError`."""
+def load_checked(model: torch.nn.Module, state_dict: Dict[str, torch.Tensor], *, where: str,
+                 assign: bool = False) -> None:
+    """``load_state_dict`` that names missing, unexpected and mis-shaped keys in one :class:`InputError`.
+
+    ``assign=True`` makes the given tensors the parameters (no copy): the model's
+    own storage (empty, or on the meta device) is dropped, so the weights exist once.
+    """
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(expected))
@@ -139,7 +151,7 @@ def load_checked(model: torch.nn.Module, state_dict: Dict[str, torch.Tensor], *,
     if problems:
         raise InputError(f"{where}: weights do not match {type(model).__name__} with this config: "
                          + "; ".join(problems) + "; pass the matching config= or the right checkpoint")
-    model.load_state_dict(state_dict, strict=True)
+    model.load_state_dict(state_dict, strict=True, assign=assign)
 
 
 def _read_fair_stem(stem_file: Path, fold_file: Path, allow_pickle: bool) -> Dict[str, torch.Tensor]:

@@ -37,11 +37,13 @@ from ptq_protein.fasta import ESM2_MAX_RESIDUES, ESM_AMINO_ACIDS, validate_seque
 from ptq_protein.models import resolve
 from ptq_protein.models.checkpoints import file_sha256, load_torch_checkpoint, split_state
 from ptq_protein.models.esmfold_convert import load_fair_esmfold
+from ptq_protein.models.fair_esm2 import load_fair_esm2
+from ptq_protein.models.mapped import attach_mapping
 from ptq_protein.models.tiny import TINY_MODELS, build_tiny
 from ptq_protein.models.tokens import (esm_tokenizer, esmfold_tokenizer, tokenize_esmfold, tokenize_fair_esm,
                                        tokenize_hf_esm)
 
-__all__ = ["ModelFamily", "LoadedModel", "load_model"]
+__all__ = ["ModelFamily", "LoadedModel", "load_model", "locate_weights"]
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +109,7 @@ class LoadedModel:
 def load_model(name_or_path: Union[str, os.PathLike], weights: Optional[Union[str, os.PathLike]] = None,
                device: Union[str, torch.device] = "cpu", dtype: torch.dtype = torch.float32, *,
                seed: Optional[int] = None, config=None, fp16_esm: Optional[bool] = None,
-               allow_pickle: bool = False, hash_weights: bool = True) -> LoadedModel:
+               allow_pickle: bool = False, hash_weights: bool = True, mmap: bool = False) -> LoadedModel:
     """Load a model by name or path, offline (resolution order in the module docstring).
 
     Parameters
@@ -128,6 +130,12 @@ def load_model(name_or_path: Union[str, os.PathLike], weights: Optional[Union[st
         Fully unpickle ``.pt`` files (only for files you trust); default: tensors only.
     hash_weights
         Compute ``source_sha256`` (reads the whole file once).
+    mmap
+        fair-esm ``.pt`` files: memory-map the file; the weights are read as used and
+        :func:`ptq_protein.quantize` (``inplace=True``) hands each layer's pages back
+        once used (see :mod:`ptq_protein.models.mapped`). Do not edit such a model's
+        weights in place. Default False: the file is read into memory (still no
+        second copy: the model is built on the meta device).
 
     Raises
     ------
@@ -145,11 +153,21 @@ def load_model(name_or_path: Union[str, os.PathLike], weights: Optional[Union[st
     if weights is None and name in TINY_MODELS:
         loaded = _load_tiny(name, 0 if seed is None else seed)
     else:
-        loaded = _load_file(name, _locate(name, weights), config, allow_pickle, hash_weights)
+        loaded = _load_file(name, _locate(name, weights), config, allow_pickle, hash_weights, mmap)
     return _place(loaded, device, dtype, fp16_esm)
 
 
 # --- resolution ----------------------------------------------------------------
+
+
+def locate_weights(name_or_path: Union[str, os.PathLike], weights: Optional[Union[str, os.PathLike]] = None
+                   ) -> Optional[Path]:
+    """The file or folder :func:`load_model` would read, without reading it (None for tiny models)."""
+    name = str(name_or_path)
+    tiny = _TINY_SEED.fullmatch(name)
+    if weights is None and (name in TINY_MODELS or (tiny and tiny.group("name") in TINY_MODELS)):
+        return None
+    return _locate(name, weights)
 
 
 def _locate(name: str, weights: Optional[Union[str, os.PathLike]]) -> Path:
@@ -203,7 +221,7 @@ def _load_tiny(name: str, seed: int) -> LoadedModel:
     return LoadedModel(model, vocab, spec.family, name, f"tiny:{name}:seed={seed}", None, max_length)
 
 
-def _load_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: bool) -> LoadedModel:
+def _load_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: bool, mmap: bool) -> LoadedModel:
     label = path.stem if name == str(path) else name
     if path.is_dir():
         if not resolve.is_hf_folder(path):
@@ -215,14 +233,17 @@ def _load_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: 
         return LoadedModel(model, tokenizer, family, label, str(path), digest, max_length)
     digest = file_sha256(path) if hash_weights else None
     if name in resolve.ESMFOLD_NAMES or path.name == resolve.ESMFOLD_FAIR_CHECKPOINT:
-        model, _ = load_fair_esmfold(path, config=config, allow_pickle=allow_pickle)
+        model, _ = load_fair_esmfold(path, config=config, allow_pickle=allow_pickle, mmap=mmap)
         return LoadedModel(model, esmfold_tokenizer(), ModelFamily.HF_ESMFOLD, label, str(path), digest, None)
-    data = load_torch_checkpoint(path, allow_pickle=allow_pickle)
+    data = load_torch_checkpoint(path, allow_pickle=allow_pickle, mmap=mmap)
     state, _ = split_state(data, path)
     if any(k.startswith("trunk.") for k in state):
-        model, _ = load_fair_esmfold(path, config=config, allow_pickle=allow_pickle)
+        del data, state
+        model, _ = load_fair_esmfold(path, config=config, allow_pickle=allow_pickle, mmap=mmap)
         return LoadedModel(model, esmfold_tokenizer(), ModelFamily.HF_ESMFOLD, label, str(path), digest, None)
     model, alphabet = _load_fair_esm(label, path, data, allow_pickle)
+    if mmap:
+        attach_mapping(model, state.values())
     return LoadedModel(model, alphabet, ModelFamily.FAIR_ESM, label, str(path), digest, ESM2_MAX_RESIDUES)
 
 
@@ -235,6 +256,8 @@ def _load_fair_esm(name: str, path: Path, data: dict, allow_pickle: bool):
     if regression is None:
         logger.info("%s: no %s beside it; contact prediction will be wrong", path, regression_path.name)
     is_esm2 = isinstance(data.get("cfg"), dict) and "model" in data["cfg"]
+    if is_esm2:
+        return load_fair_esm2(data, regression, path)
     # fair-esm picks its ESM-2 vs ESM-1 code path from the name; make it agree with the file's content.
     core_name = name if name.startswith("esm2") == is_esm2 else ("esm2_local" if is_esm2 else "esm1_local")
     try:

@@ -6,7 +6,7 @@ first unless told otherwise). Weights are copied into the new modules.
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 import torch
 from torch import nn
@@ -15,10 +15,11 @@ from ptq_protein.config import QuantConfig, SiteKind
 from ptq_protein.errors import InputError
 from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.nn.qparams import quantize_weight
+from ptq_protein.quant.metrics import sqnr_db
 from ptq_protein.calibration.matmul_sites import QuantMatmulHost
 from ptq_protein.calibration.sites import Site, set_module
 
-__all__ = ["swap_modules_", "set_module"]
+__all__ = ["swap_modules_", "set_module", "cache_dequantized_weights"]
 
 
 def build_quant_linear(linear: nn.Linear, config: QuantConfig, input_quant: Optional[ActQuantizer],
@@ -38,13 +39,20 @@ def build_quant_linear(linear: nn.Linear, config: QuantConfig, input_quant: Opti
 
 @torch.no_grad()
 def swap_modules_(model: nn.Module, sites: Dict[str, Site], input_quants: Dict[str, ActQuantizer],
-                  config: QuantConfig, weight_codes: Optional[Dict[str, Dict[str, torch.Tensor]]] = None
-                  ) -> Dict[str, str]:
+                  config: QuantConfig, weight_codes: Optional[Dict[str, Dict[str, torch.Tensor]]] = None,
+                  weight_sqnr: Optional[Dict[str, float]] = None,
+                  after_swap: Optional[Callable[[nn.Module], None]] = None) -> Dict[str, str]:
     """Swap modules in place; returns {site name: what was done} for the report.
 
     ``input_quants`` holds the calibrated (or dynamic) quantizer of each site
     whose input is quantized; a Linear site without one keeps FP inputs.
     ``weight_codes`` holds weight codes chosen by an earlier pass (GPTQ), by site.
+    ``weight_sqnr``, when given, receives each quantized weight's SQNR (dB)
+    against its float original, measured as the layer is swapped: the float
+    weight is then free to go (nothing else holds it when ``model`` is the
+    caller's only copy), so float and int8 layers never all exist at once.
+    ``after_swap(old_module)`` runs once each Linear has been replaced (e.g. to
+    hand a memory-mapped weight's pages back).
     """
     done: Dict[str, str] = {}
     weight_codes = weight_codes or {}
@@ -61,7 +69,11 @@ def swap_modules_(model: nn.Module, sites: Dict[str, Site], input_quants: Dict[s
                 raise InputError(f"site {name}: its weight holds NaN or Inf values, which cannot be quantized; "
                                  "fix the checkpoint, or exclude the site (QuantConfig exclude=[...])")
             new = build_quant_linear(module, config, quant, weight_q=weight_codes.get(name)).to(device)
+            if weight_sqnr is not None and new.weight_spec is not None:
+                weight_sqnr[name] = sqnr_db(module.weight.detach(), new.dequantized_weight(torch.float32))
             set_module(model, name, new)
+            if after_swap is not None:
+                after_swap(module)
             done[name] = "linear" + (" W" if config.weights is not None else "") + (" A" if quant is not None else "")
         elif site.kind in (SiteKind.LAYERNORM, SiteKind.SOFTMAX) and quant is not None:
             set_module(model, name, QuantInput(module, quant))
@@ -75,3 +87,19 @@ def swap_modules_(model: nn.Module, sites: Dict[str, Site], input_quants: Dict[s
     return done
 
 
+
+
+def cache_dequantized_weights(model: nn.Module, enabled: bool = True) -> int:
+    """Keep (or drop) a float copy of every quantized weight, for repeated fake-backend forwards.
+
+    Costs ``4 x`` the int8 codes' bytes per layer in float32 (the float model's
+    size again); saves one elementwise dequantization per layer per forward.
+    Returns the number of modules changed.
+    """
+    count = 0
+    for module in model.modules():
+        if isinstance(module, QuantLinear) and module.weight_spec is not None:
+            module.cache_dequantized = enabled
+            module._dequantized = None
+            count += 1
+    return count

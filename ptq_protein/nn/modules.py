@@ -273,22 +273,33 @@ class QuantLinear(nn.Module):
         return super()._load_from_state_dict(*args, **kwargs)
 
     # -- weights ---------------------------------------------------------------------
+    # A float copy of the weight costs 4 bytes per weight (float32), i.e. 4x the int8
+    # codes: keeping one per layer would make a quantized model bigger than its float
+    # original. So by default the weight is dequantized on the fly in each forward
+    # (one elementwise pass over [N, K], small next to the GEMM with many tokens).
+    cache_dequantized: bool = False
+
     def dequantized_weight(self, dtype: torch.dtype) -> torch.Tensor:
-        """The float weight the codes stand for (cached; fake backend and weight-only sites)."""
+        """The float weight the codes stand for (fake backend and weight-only sites).
+
+        Recomputed each call unless ``cache_dequantized`` is True on this module
+        (see :func:`ptq_protein.nn.convert.cache_dequantized_weights`).
+        """
         if self.weight_spec is None:
             return self.weight
         cached = self._dequantized
-        if cached is None or cached.dtype != dtype or cached.device != self.weight_codes.device:
-            codes = self.plain_weight_codes()
-            if self.weight_codebook is not None:
-                w = pwlq_dequantize(codes, self.weight_codebook)
-            elif self.weight_spec.scheme is Scheme.FP8:
-                w = fp8_dequantize(codes, self.weight_scale)
-            else:
-                w = dequantize(codes, self.weight_scale, self.weight_zero_point)
-            cached = w.to(dtype)
-            self._dequantized = cached
-        return cached
+        if cached is not None and cached.dtype == dtype and cached.device == self.weight_codes.device:
+            return cached
+        codes = self.plain_weight_codes()
+        if self.weight_codebook is not None:
+            w = pwlq_dequantize(codes, self.weight_codebook)
+        elif self.weight_spec.scheme is Scheme.FP8:
+            w = fp8_dequantize(codes, self.weight_scale)
+        else:
+            w = dequantize(codes, self.weight_scale, self.weight_zero_point)
+        w = w.to(dtype)
+        self._dequantized = w if self.cache_dequantized else None
+        return w
 
     def _apply(self, fn, recurse=True):  # device/dtype moves invalidate the caches
         self._dequantized = None

@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from torch import nn
 
-from ptq_protein.api import _crop, resolve_calibration
+from ptq_protein.api import crop_sequence, resolve_calibration
 from ptq_protein.config import Backend, QuantConfig, SiteKind, TensorQuant
 from ptq_protein.errors import InputError
 from ptq_protein.models.adapters import get_adapter
@@ -126,8 +126,8 @@ def auto_quantize(model: nn.Module, budget: Union[str, Budget, None] = None, *, 
     chosen_metric = check_metric(budget.metric or metric or ("tm" if family == "hf-esmfold" else "logits"), family)
     value_name = budget.value_name or next(iter(METRIC_VALUES[chosen_metric]))
     menu = tuple(dict.fromkeys([_FP, *choices]))
-    search_seqs = [_crop(s, max_length) for s in resolve_calibration(search_set)[1]]
-    held_seqs = [_crop(s, max_length) for s in resolve_calibration(holdout)[1]]
+    search_seqs = [crop_sequence(s, max_length) for s in resolve_calibration(search_set)[1]]
+    held_seqs = [crop_sequence(s, max_length) for s in resolve_calibration(holdout)[1]]
     resolve_calibration(calibration)  # fail on a missing calibration set before calibrating anything
     start = time.perf_counter()
     bench = Workbench(model, AUTO_SCOPE, calibration, batch_size=batch_size, num_recycles=num_recycles,

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 from torch import nn
 
-from ptq_protein.api import _crop, resolve_calibration
+from ptq_protein.api import crop_sequence, resolve_calibration
 from ptq_protein.config import QuantConfig
 from ptq_protein.eval.bench.results_store import ResultsStore, check_run_info
 from ptq_protein.io_utils import atomic_write_text
@@ -70,7 +70,7 @@ def sensitivity(model: nn.Module, recipe: Union[str, QuantConfig, dict] = "w8a8-
     metric = check_metric(metric, get_adapter(model).family)
     unit = UnitKind(unit)
     seq_name, seqs = resolve_calibration(sequences)
-    seqs = [_crop(s, max_length) for s in seqs]
+    seqs = [crop_sequence(s, max_length) for s in seqs]
     store = _open_store(out_dir, config, seq_name, seqs, metric, unit, calibration, complement, num_recycles)
     start = time.perf_counter()
     bench = workbench or Workbench(model, config, calibration, batch_size=batch_size, num_recycles=num_recycles,

@@ -17,15 +17,17 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ptq_protein.api import CalibrationInfo, QuantState, _crop, _sequences_sha, resolve_calibration
+from ptq_protein.api import CalibrationInfo, QuantState, _sequences_sha, resolve_calibration
+from ptq_protein.api import crop_sequence
 from ptq_protein.calibration.calibrate import calibrate
 from ptq_protein.calibration.sites import Site, discover_sites, select_sites, set_module
 from ptq_protein.config import Backend, QuantConfig, RangeMethod, SiteKind, TensorQuant
 from ptq_protein.errors import InputError
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.nn.convert import build_quant_linear
-from ptq_protein.nn.modules import ActQuantizer, QuantInput
+from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.nn.qparams import activation_quantizer, needs_calibration
+from ptq_protein.quant.metrics import sqnr_db
 from ptq_protein.report import build_report
 
 __all__ = ["Workbench", "SiteSpec"]
@@ -74,7 +76,7 @@ class Workbench:
     @torch.no_grad()
     def _calibrate(self, calibration, batch_size: int, max_length: Optional[int], spec: TensorQuant):
         name, seqs = resolve_calibration(calibration)
-        seqs = [_crop(s, max_length) for s in self.adapter.validate(seqs, where="calibration")]
+        seqs = [crop_sequence(s, max_length) for s in self.adapter.validate(seqs, where="calibration")]
         stats = calibrate(self.model, self.adapter, self.sites, {s.name: spec for s in self.sites}, seqs,
                           batch_size=batch_size, forward_kwargs=self.forward_kwargs)
         return stats, CalibrationInfo(name, len(seqs), _sequences_sha(seqs))
@@ -135,8 +137,10 @@ class Workbench:
         done = self._swap(qmodel, specs)
         chosen = [s for s in self.sites if s.name in done]
         quants = {n: q for n, (_, a) in specs.items() if a is not None and (q := self.act_quantizer(n, a)) is not None}
-        originals = {n: self._originals[n].weight for n in done if n in self.weight_numel()}
-        report = build_report(qmodel, chosen, self.stats, quants, config, originals)
+        sqnr = {n: sqnr_db(self._originals[n].weight.detach(), qmodel.get_submodule(n).dequantized_weight(torch.float32))
+                for n in done if n in self.weight_numel() and isinstance(qmodel.get_submodule(n), QuantLinear)
+                and qmodel.get_submodule(n).weight_spec is not None}
+        report = build_report(qmodel, chosen, self.stats, quants, config, sqnr)
         for row in report:
             if plan is not None and row["site"] in plan.site_choices():
                 row["choice"] = plan.site_choices()[row["site"]].name

@@ -1,0 +1,158 @@
+"""Weights read from a memory-mapped checkpoint, and handing their pages back to the OS.
+
+``torch.load(mmap=True)`` maps the file privately: a tensor's bytes are read
+from disk (or the OS page cache) when first touched and then count in the
+process's resident memory for as long as the mapping lives, even once every
+layer that used them has been quantized. :class:`MappedFile` records the
+address range of one such mapping; :meth:`MappedFile.release` tells the kernel
+(``madvise(MADV_DONTNEED)``) that the pages of some tensors are not needed now.
+For a private file mapping that was never written, that is lossless: the pages
+stay in the page cache (reclaimable, not this process's memory) and are mapped
+again on the next touch. So a model whose weights live in a mapping can
+calibrate and quantize with about one layer's float weights resident.
+
+Safety: only tensors whose storage is one of the checkpoint's recorded
+storages are released, and those stay valid because the record holds them. Pages
+that were written to (a weight edited in place after loading) would be
+discarded: a model loaded with ``mmap=True`` must not be edited in place.
+Linux only; elsewhere :meth:`release` does nothing (memory is then not bounded
+by it, only correctness is kept).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import ctypes
+import ctypes.util
+import functools
+import logging
+import mmap as _mmap
+import sys
+from typing import Iterable, Iterator, Optional
+
+import torch
+from torch import nn
+
+__all__ = ["MappedFile", "attach_mapping", "mapped_file_of", "release_after_forward", "trim_heap"]
+
+log = logging.getLogger(__name__)
+
+_MADV_DONTNEED = 4  # <sys/mman.h> on Linux
+ATTRIBUTE = "ptq_mapped_file"  # set on a model whose weights live in a mapping
+
+
+@functools.lru_cache(maxsize=1)
+def _madvise():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:  # pragma: no cover - no libc
+        return None
+    fn = libc.madvise
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+class MappedFile:
+    """The storages of a ``torch.load(mmap=True)`` result; holding them keeps their mapping valid."""
+
+    def __init__(self, tensors: Iterable[torch.Tensor]) -> None:
+        spans = {}
+        for t in tensors:
+            if torch.is_tensor(t) and t.device.type == "cpu" and t.untyped_storage().nbytes():
+                storage = t.untyped_storage()
+                spans[storage.data_ptr()] = (storage.data_ptr() + storage.nbytes(), t)
+        if not spans:
+            raise ValueError("no CPU tensors to record a mapping from")
+        self._starts = sorted(spans)
+        self._ends = [spans[s][0] for s in self._starts]
+        self.anchors = [spans[s][1] for s in self._starts]  # views only: they keep the mapping, not its pages
+        self.released_bytes = 0
+
+    def contains(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor``'s storage is one of the recorded (file-mapped) storages or inside one."""
+        if tensor.device.type != "cpu":
+            return False
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
+        i = bisect.bisect_right(self._starts, ptr) - 1
+        return i >= 0 and ptr + storage.nbytes() <= self._ends[i]
+
+    def release(self, tensors: Iterable[torch.Tensor]) -> int:
+        """Drop the resident pages wholly inside each mapped tensor's storage; returns bytes released."""
+        fn = _madvise()
+        if fn is None:
+            return 0
+        page = _mmap.PAGESIZE
+        total = 0
+        for tensor in tensors:
+            if not self.contains(tensor):
+                continue
+            storage = tensor.untyped_storage()
+            lo = -(-storage.data_ptr() // page) * page
+            hi = (storage.data_ptr() + storage.nbytes()) // page * page
+            if hi > lo and fn(lo, hi - lo, _MADV_DONTNEED) == 0:
+                total += hi - lo
+        self.released_bytes += total
+        return total
+
+
+def attach_mapping(model: nn.Module, tensors: Iterable[torch.Tensor]) -> None:
+    """Record on ``model`` the mapping its weights (some of ``tensors``) come from."""
+    try:
+        object.__setattr__(model, ATTRIBUTE, MappedFile(tensors))
+    except ValueError:  # nothing mapped (an empty or GPU state): nothing to release later
+        pass
+
+
+def mapped_file_of(model: nn.Module) -> Optional[MappedFile]:
+    """The :class:`MappedFile` a loader attached to ``model``, or None."""
+    found = getattr(model, ATTRIBUTE, None)
+    return found if isinstance(found, MappedFile) else None
+
+
+@contextlib.contextmanager
+def release_after_forward(model: nn.Module, mapped: Optional[MappedFile]) -> Iterator[None]:
+    """While active, each leaf module's mapped parameters are released after its forward.
+
+    Leaves only, so a parent never releases weights a later child still needs
+    within the same call; the pages come back from the page cache on the next call.
+    """
+    if mapped is None:
+        yield
+        return
+    handles = []
+    try:
+        for module in model.modules():
+            own = [p for p in module.parameters(recurse=False) if mapped.contains(p)]
+            if own and not any(True for _ in module.children()):
+                handles.append(module.register_forward_hook(_releaser(mapped, own)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _releaser(mapped: MappedFile, params):
+    def hook(module, args, output):
+        mapped.release(params)
+        return None  # a forward hook's return value would replace the output
+
+    return hook
+
+
+def trim_heap() -> None:
+    """Ask glibc to return freed heap memory to the OS (``malloc_trim(0)``); no-op elsewhere.
+
+    Freed float layers smaller than glibc's (self-raising) mmap threshold stay in the
+    heap between live int8 codes and would otherwise keep counting as resident.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # pragma: no cover - not glibc
+        pass

@@ -1,0 +1,111 @@
+"""Bounded-memory quantize (issue 13): streaming mode, mapped weights, the up-front memory check."""
+
+import argparse
+
+import pytest
+import torch
+
+import ptq_protein as pp
+from ptq_protein import budget
+from ptq_protein.cli.main import main
+from ptq_protein.models.loading import load_model
+from ptq_protein.models.mapped import mapped_file_of
+from ptq_protein.models.tiny import build_tiny
+from ptq_protein.nn.convert import cache_dequantized_weights
+from ptq_protein.streaming import quantize_streaming
+
+SEQS = ["MKTAYIAKQRQISFVKSHFSRQ", "GSHMLEDPVAGK", "MQIFVKTLTGKTITLEVEPSDTIENVKAKIQDKEG"]
+
+
+def _write_fair_esm2(path, seed=0):
+    model, _, _ = build_tiny("tiny-esm2", seed=seed)
+    body = {("encoder." if k.startswith(("lm_head.", "contact_head.")) else "encoder.sentence_encoder.") + k: v
+            for k, v in model.state_dict().items()}
+    cfg = argparse.Namespace(encoder_layers=model.num_layers, encoder_embed_dim=model.embed_dim,
+                             encoder_attention_heads=model.attention_heads, token_dropout=model.token_dropout)
+    torch.save({"model": body, "cfg": {"model": cfg}}, path)
+    return path
+
+
+def _tensors(qmodel):
+    return {k: v.clone() for k, v in qmodel.state_dict().items()}
+
+
+@pytest.mark.parametrize("recipe", ["w8a8-uniform", "w8a8-pwlq"])
+def test_streaming_equals_default_mode_bit_for_bit(tmp_path, recipe):
+    path = _write_fair_esm2(tmp_path / "esm2_t6_8M_UR50D.pt")
+    default = pp.quantize(load_model(path).model, recipe, calibration=SEQS, batch_size=2, inplace=True)
+    streamed = quantize_streaming(path, recipe, calibration=SEQS, batch_size=2)
+    a, b = _tensors(default), _tensors(streamed)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    assert default.ptq_state.quantized == streamed.ptq_state.quantized
+    assert default.ptq_state.report == streamed.ptq_state.report
+    tokens = torch.tensor([[0, 20, 15, 11, 2]])
+    assert torch.equal(default(tokens)["logits"], streamed(tokens)["logits"])
+
+
+def test_streaming_quantized_propagation_differs_only_after_the_first_layer(tmp_path):
+    path = _write_fair_esm2(tmp_path / "m.pt")
+    fp = quantize_streaming(path, "w8a8-uniform", calibration=SEQS, batch_size=2)
+    seq = quantize_streaming(path, "w8a8-uniform", calibration=SEQS, batch_size=2, propagate="quantized")
+    first = [k for k in fp.state_dict() if k.startswith("layers.0.")]
+    assert all(torch.equal(fp.state_dict()[k], seq.state_dict()[k]) for k in first)
+    scales = [k for k in fp.state_dict() if k.startswith("layers.1.") and k.endswith("input_quant.scale")]
+    assert scales and any(not torch.equal(fp.state_dict()[k], seq.state_dict()[k]) for k in scales)
+
+
+def test_mapped_weights_give_the_same_model_and_survive_release(tmp_path):
+    path = _write_fair_esm2(tmp_path / "m.pt", seed=3)
+    mapped, plain = load_model(path, mmap=True), load_model(path)
+    handle = mapped_file_of(mapped.model)
+    assert handle is not None and mapped_file_of(plain.model) is None
+    tokens = torch.tensor([[0, 5, 6, 7, 2]])
+    with torch.no_grad():
+        before = mapped.model(tokens)["logits"]
+        handle.release(mapped.model.parameters())
+        after = mapped.model(tokens)["logits"]
+    assert torch.equal(before, after) and torch.equal(before, plain.model(tokens)["logits"].detach())
+    assert not handle.contains(torch.zeros(4096))  # anonymous memory is never released
+
+
+def test_quantize_in_place_keeps_no_float_copy_of_linear_weights(tmp_path):
+    model = load_model(_write_fair_esm2(tmp_path / "m.pt")).model
+    q = pp.quantize(model, "w8-only", inplace=True)
+    assert q is model
+    lin = q.layers[0].fc1
+    assert lin._dequantized is None and lin.weight_codes.dtype == torch.int8
+    assert cache_dequantized_weights(q) > 0
+    with torch.no_grad():
+        q(torch.tensor([[0, 5, 6, 2]]))
+    assert lin._dequantized is not None and lin._dequantized.dtype == torch.float32
+
+
+def test_memory_check_refuses_with_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    path = _write_fair_esm2(tmp_path / "m.pt")
+    monkeypatch.setattr(budget, "available_memory_bytes", lambda: 1 << 20)
+    code = main(["quantize", str(path), "--calib", "casp14:2", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "needs ~" in err[0] and "try --low-memory" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_memory_estimate_orders_the_modes():
+    size = 2_600_000_000
+    full = budget.estimate_quantize_memory(size, low_memory=False, calibration_tokens=520)
+    low = budget.estimate_quantize_memory(size, low_memory=True, calibration_tokens=520)
+    assert low.needed_bytes < 0.6 * full.needed_bytes
+    assert full.needed_bytes > size  # never claims less than the float weights in the default mode
+
+
+def test_cli_low_memory_writes_the_default_modes_artifact(tmp_path):
+    from safetensors.torch import load_file
+
+    path = _write_fair_esm2(tmp_path / "esm2_t6_8M_UR50D.pt")
+    common = ["quantize", str(path), "--preset", "w8a8-uniform", "--calib", "casp14:3", "--quiet"]
+    assert main(common + ["--out", str(tmp_path / "a")]) == 0
+    assert main(common + ["--out", str(tmp_path / "b"), "--low-memory"]) == 0
+    a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert main(["quantize", "tiny-esm2", "--low-memory", "--out", str(tmp_path / "c")]) == 2
