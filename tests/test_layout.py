@@ -156,3 +156,14 @@ def test_old_paths_alias_the_new_modules_with_a_warning(old):
 def test_public_names_resolve():
     for name in ptq_protein.__all__:
         assert getattr(ptq_protein, name) is not None
+
+
+def test_pyproject_lists_every_package():
+    """A package folder missing from pyproject's list installs nowhere outside an editable checkout."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    listed = set(re.findall(r'^\s+"(ptq_protein[\w.]*)",', (root / "pyproject.toml").read_text(), flags=re.M))
+    found = {"ptq_protein." + ".".join(p.parent.relative_to(root / "ptq_protein").parts)
+             for p in (root / "ptq_protein").rglob("__init__.py") if p.parent != root / "ptq_protein"}
+    assert found - listed == set(), f"add to pyproject.toml packages: {sorted(found - listed)}"
