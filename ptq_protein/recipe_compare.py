@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from torch import nn
 
 from ptq_protein.api import CalibrationArg, CalibrationPass, calibration_records, crop_sequence, quantize
-from ptq_protein.config import QuantConfig, TensorQuant
+from ptq_protein.config import Scheme, QuantConfig, TensorQuant
 from ptq_protein.eval.bench.fidelity import Reference, compare_to_reference, fidelity_sequences
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.presets import PRESETS, resolve_config
@@ -30,12 +30,14 @@ log = logging.getLogger(__name__)
 def storage_bits(spec: Optional[TensorQuant]) -> Optional[int]:
     """Bits stored per value of a tensor kind (None: kept in floating point).
 
-    The code width: a ``bits``-bit PWLQ code here is one ``bits``-bit integer. A
-    recipe whose code is wider than its nominal width (the study's PWLQ, a
-    ``b``-bit centre plus ``(b-1)``-bit tails, effectively ``b + 1`` bits) should
-    say so here, so the comparison table shows the storage it really costs.
+    The code width: a ``bits``-bit PWLQ code here is one ``bits``-bit integer. The
+    study's PWLQ stores a ``b``-bit centre code plus a ``b``-bit tail code over the
+    whole range and a region flag: ``b + 1`` bits, shown as such so rows compare at
+    the storage they really cost.
     """
-    return None if spec is None else spec.bits
+    if spec is None:
+        return None
+    return spec.bits + 1 if spec.scheme is Scheme.STUDY_PWLQ else spec.bits
 
 
 @dataclass(frozen=True)

@@ -32,3 +32,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not has_gpu:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _torch_reference_in_model_tests(request, monkeypatch):
+    """Whole-model ``backend="int8"`` tests compute the reference engine in torch, not Triton's interpreter.
+
+    The interpreter runs a tiny ESM forward 100x slower; the Triton kernels
+    themselves are checked against the torch reference in tests/kernels, and
+    tests/core/test_int8_backend.py still runs whole models through them.
+    """
+    path = str(request.node.fspath)
+    if "/kernels/" in path or path.endswith("test_int8_backend.py"):
+        return
+    from ptq_protein.kernels import dispatch
+
+    monkeypatch.setattr(dispatch, "interpreting", lambda: False)
