@@ -29,6 +29,8 @@ from typing import Dict, List, Union
 import torch
 from torch import nn
 
+from ptq_protein.models.adapters import get_adapter
+from ptq_protein.nn.special_tokens import apply_special_tokens_
 from ptq_protein.api import (CalibrationArg, CalibrationInfo, QuantState, crop_sequence, _sequences_sha, _specs_for,
                              fit_activation_quantizers, resolve_calibration)
 from ptq_protein.calibration.calibrate import collect_stats
@@ -134,6 +136,7 @@ class _Run:
         histograms = {n: st.histogram.support() for n, st in self.stats.items() if st.count}
         self.model.ptq_state = QuantState(self.cfg, family, self.chosen, self.done, info, report, self.fp_sites,
                                           histograms)
+        apply_special_tokens_(self.model, get_adapter(self.model), self.cfg)  # as pp.quantize does
         return self.model
 
 

@@ -66,9 +66,9 @@ def test_bench_gptq_quick_prints_both_tables(capsys):
     assert _load("bench_gptq").main(["--quick", "--reps", "1", "--calib-seqs", "2"]) == 0
     out = capsys.readouterr().out
     assert "`python scripts/bench_gptq.py --quick --reps 1 --calib-seqs 2`" in out
-    (row,) = _table_rows(out, "gptq pass |")
-    assert float(row[1]) > 0 and re.fullmatch(r"\d+\.\dx", row[2])
-    assert len(_table_rows(out, "gptq pass")) == 2  # time and memory tables
+    time_row, memory_row = _table_rows(out, "gptq pass |")  # the time table, then the memory table
+    assert float(time_row[1]) > 0 and re.fullmatch(r"\d+\.\dx", time_row[2])
+    assert float(memory_row[2]) >= 0
 
 def test_bench_special_tokens_prints_every_mode(capsys):
     bench = _load("bench_special_tokens")

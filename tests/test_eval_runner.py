@@ -246,24 +246,6 @@ def test_cli_contacts_writes_every_output(tmp_path, user_set):
                  "--out", str(out)]) == 2
 
 
-def test_reproduce_study_table_puts_ours_beside_published(tmp_path):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "reproduce_study.py"
-    spec = importlib.util.spec_from_file_location("reproduce_study", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    table = tmp_path / "results.csv"
-    table.write_text("target,recipe,status,tm_score\na,fp,ok,0.8\nb,fp,ok,0.6\na,w8a8-pwlq,ok,0.7\n"
-                     "b,w8a8-pwlq,skipped: length 2000 > cap 1022,\n")
-    ours = script.mean_tm_scores(table, ["fp", "w8a8-pwlq"])
-    assert ours == {"fp": (pytest.approx(0.7), 2), "w8a8-pwlq": (pytest.approx(0.7), 1)}
-    text = script.format_table(ours, "esmfold")
-    assert "| fp | FP32 | 0.7000 (2) | 0.8009 | -0.1009 |" in text
-    assert "| w8a8-pwlq | W8 + PWLQ A8 | 0.7000 (1) | 0.7984 | -0.0984 |" in text
-
-
 def test_tm_normalize_sequence_counts_unobserved_native_residues(tmp_path, tiny_esmfold, user_set):
     """A native missing residues 5-14: ``sequence`` normalises by the full sequence; recorded and printed."""
     import json

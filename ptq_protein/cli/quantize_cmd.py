@@ -176,7 +176,7 @@ def _quantize_streaming(args: argparse.Namespace, recipe: str):
     from ptq_protein.streaming import quantize_streaming
 
     path = locate_weights(args.model, args.weights)
-    if path is None or not path.is_file() or resolve_device(args.device) != "cpu" or args.dtype != "float32":
+    if path is None or not path.is_file() or resolve_device(args.device) != "cpu" or (args.dtype or "float32") != "float32":
         raise ValueError("--low-memory streams fair-esm ESM-2 .pt files on the CPU in float32; "
                          "drop --low-memory for tiny models, Hugging Face folders, other devices or dtypes")
     if args.backend != "fake":

@@ -97,6 +97,9 @@ def keep_special_tokens_float_(model: nn.Module, adapter) -> Optional[SpecialTok
 
 def apply_special_tokens_(model: nn.Module, adapter, config: QuantConfig) -> Optional[SpecialTokenContext]:
     """What ``config.special_tokens`` asks of a converted model: :func:`keep_special_tokens_float_` for ``float``."""
-    if config.special_tokens is not SpecialTokens.FLOAT or config.activations is None:
+    if config.special_tokens is not SpecialTokens.FLOAT:
+        return None
+    # per-site activations (a mixed-precision plan) have no config-wide spec: look for quantizers
+    if config.activations is None and not any(isinstance(m, ActQuantizer) for m in model.modules()):
         return None
     return keep_special_tokens_float_(model, adapter)

@@ -21,12 +21,13 @@ from ptq_protein.api import CalibrationInfo, QuantState, _sequences_sha, resolve
 from ptq_protein.api import crop_sequence
 from ptq_protein.calibration.calibrate import calibrate
 from ptq_protein.calibration.sites import Site, discover_sites, select_sites, set_module
-from ptq_protein.config import Backend, QuantConfig, RangeMethod, SiteKind, TensorQuant
+from ptq_protein.config import Backend, QuantConfig, RangeMethod, SiteKind, SpecialTokens, TensorQuant
 from ptq_protein.errors import InputError
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.nn.convert import build_quant_linear
 from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.nn.qparams import activation_quantizer, needs_calibration
+from ptq_protein.nn.special_tokens import keep_special_tokens_float_
 from ptq_protein.quant.metrics import sqnr_db
 from ptq_protein.report import build_report
 
@@ -70,6 +71,10 @@ class Workbench:
         self.stats, self.calibration = self._calibrate(calibration, batch_size, calib_max_length,
                                                        calib_spec or _CALIB_SPEC)
         self._originals = {s.name: self.model.get_submodule(s.name) for s in self.sites}
+        # BOS/EOS rows as the recipe says (pp.quantize's default keeps them in float): one context for the
+        # working model, pointed at by every quantizer swapped in (build() deep-copies both together)
+        self._special = (keep_special_tokens_float_(self.model, self.adapter)
+                         if scope.special_tokens is SpecialTokens.FLOAT else None)
         self._quants: Dict[Tuple[str, TensorQuant], Optional[ActQuantizer]] = {}
         self._configs: Dict[Optional[TensorQuant], QuantConfig] = {}
 
@@ -125,7 +130,11 @@ class Workbench:
     def applied(self, specs: Dict[str, SiteSpec]) -> Iterator[nn.Module]:
         """The working model with ``specs`` swapped in; every FP module is restored afterwards."""
         try:
-            self._swap(self.model, specs)
+            self._last_done = self._swap(self.model, specs)
+            if self._special is not None:
+                for module in self.model.modules():
+                    if isinstance(module, ActQuantizer):
+                        module.special_tokens = self._special
             yield self.model
         finally:
             for name in specs:
@@ -133,8 +142,8 @@ class Workbench:
 
     def build(self, specs: Dict[str, SiteSpec], config: QuantConfig, plan=None) -> nn.Module:
         """A standalone quantized model (deep copy) with ``specs`` applied and its ``ptq_state`` filled in."""
-        qmodel = copy.deepcopy(self.model)
-        done = self._swap(qmodel, specs)
+        with self.applied(specs) as working:
+            qmodel, done = copy.deepcopy(working), self._last_done
         chosen = [s for s in self.sites if s.name in done]
         quants = {n: q for n, (_, a) in specs.items() if a is not None and (q := self.act_quantizer(n, a)) is not None}
         sqnr = {n: sqnr_db(self._originals[n].weight.detach(), qmodel.get_submodule(n).dequantized_weight(torch.float32))
