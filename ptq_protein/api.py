@@ -319,7 +319,7 @@ def _quantize_study(qmodel: nn.Module, adapter, cfg: QuantConfig, calibration: C
         name, seqs = resolve_calibration(calibration)
         seqs = [crop_sequence(s, calib_max_length) for s in adapter.validate(seqs, where="calibration")]
         observers = study_calibrate(qmodel, adapter, chosen, seqs, acts.topk, cfg.study.calls, forward_kwargs, progress)
-        calib_info = CalibrationInfo(name, len(seqs), _sequences_sha(seqs))
+        calib_info = CalibrationInfo.for_sequences(name, seqs)
         for site in chosen:
             obs, bounds = observers[site.name], observers[site.name].bounds()
             if bounds is None or float(bounds[0]) >= 0.0 >= float(bounds[1]):  # never ran, or always 0 (their assert)

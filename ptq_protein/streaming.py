@@ -31,7 +31,7 @@ from torch import nn
 
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.nn.special_tokens import apply_special_tokens_
-from ptq_protein.api import (CalibrationArg, CalibrationInfo, QuantState, crop_sequence, _sequences_sha, _specs_for,
+from ptq_protein.api import (CalibrationArg, CalibrationInfo, QuantState, crop_sequence, _specs_for,
                              fit_activation_quantizers, resolve_calibration)
 from ptq_protein.calibration.calibrate import collect_stats
 from ptq_protein.calibration.sites import discover_sites, select_sites
@@ -94,7 +94,7 @@ def quantize_streaming(path: Union[str, Path], config: Union[str, QuantConfig, d
         trim_heap()  # the float layer just freed (see trim_heap)
     run.calibrate_and_swap("", lambda x, pad: model.lm_head(model.emb_layer_norm_after(x).transpose(0, 1)),
                            streams, propagate, rest=True)
-    info = CalibrationInfo(name, len(seqs), _sequences_sha(seqs))
+    info = CalibrationInfo.for_sequences(name, seqs)
     return run.finish(info, adapter.family)
 
 

@@ -17,7 +17,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ptq_protein.api import CalibrationInfo, QuantState, _sequences_sha, resolve_calibration
+from ptq_protein.api import CalibrationInfo, QuantState, resolve_calibration
 from ptq_protein.api import crop_sequence
 from ptq_protein.calibration.calibrate import calibrate
 from ptq_protein.calibration.sites import Site, discover_sites, select_sites, set_module
@@ -84,7 +84,7 @@ class Workbench:
         seqs = [crop_sequence(s, max_length) for s in self.adapter.validate(seqs, where="calibration")]
         stats = calibrate(self.model, self.adapter, self.sites, {s.name: spec for s in self.sites}, seqs,
                           batch_size=batch_size, forward_kwargs=self.forward_kwargs)
-        return stats, CalibrationInfo(name, len(seqs), _sequences_sha(seqs))
+        return stats, CalibrationInfo.for_sequences(name, seqs)
 
     # -- quantizers ----------------------------------------------------------------------
     def act_quantizer(self, site: str, spec: TensorQuant) -> Optional[ActQuantizer]:
