@@ -228,7 +228,7 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     to_calibrate = static_sites(chosen, cfg)
     calib_info, stats, seqs = None, {}, []
     extra = {"num_recycles": num_recycles} if num_recycles is not None else {}
-    transforms = cfg.smoothquant is not None or cfg.gptq is not None
+    transforms = cfg.changes_model_before_calibration
     if statistics is not None and transforms:
         raise ValueError(f"recipe {cfg.name!r} changes the model (SmoothQuant/GPTQ) before its activations are "
                          "calibrated, so a shared calibration pass cannot serve it; pass calibration= instead")

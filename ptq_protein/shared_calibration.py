@@ -111,6 +111,6 @@ def _calibrates_on_its_own(cfg: QuantConfig) -> Optional[str]:
     """Why a recipe cannot read a shared pass (None: it can)."""
     if cfg.study is not None:
         return "a study-exact recipe collects the study's own statistics (batch 1, first calls, BOS/EOS included)"
-    if cfg.smoothquant is not None or cfg.gptq is not None:
+    if cfg.changes_model_before_calibration:
         return "SmoothQuant/GPTQ change the model before its activations are calibrated"
     return None

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -56,19 +55,9 @@ CONTACT_MODEL, CONTACT_CALIBRATION = "esm2_t33_650M_UR50D", 50
 TOOLKIT_CALIBRATION, TOOLKIT_RECYCLES = "casp14:4", 0
 
 
-def tm_normalize_flag() -> List[str]:
-    """THE ONE PLACE that asks for the study's TM-score normalisation (by the prediction's length).
-
-    They ran ``TMscore native pred``, which normalises by the second structure, the
-    full-length prediction. ``--tm-normalize`` arrives with the eval runner's
-    ``RunOptions.tm_normalize`` (another branch of issue 11); until that is merged
-    this returns nothing and the table says the scores are normalised by the native.
-    """
-    from ptq_protein.eval.bench.runner import RunOptions
-
-    if "tm_normalize" in {f.name for f in dataclasses.fields(RunOptions)}:
-        return ["--tm-normalize", "sequence"]
-    return []
+# They ran ``TMscore native pred``, which normalises by the second structure, the full-length prediction:
+# ``eval structure --tm-normalize sequence`` (see README, TM-score normalisation).
+STUDY_TM_NORMALIZE = ["--tm-normalize", "sequence"]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -76,14 +65,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from ptq_protein.cli.main import main as cli
 
     recipes = list(dict.fromkeys(r for row in STRUCTURE_ROWS for r in row[1:3] if r))
-    normalize = tm_normalize_flag()
     toolkit = args.model != STUDY_MODEL
     if args.calib is None:
         args.calib = TOOLKIT_CALIBRATION if toolkit else STUDY_CALIBRATION
     if args.num_recycles is None and toolkit:
         args.num_recycles = TOOLKIT_RECYCLES
     command = ["eval", "structure", "--model", args.model, "--recipes", ",".join(recipes), "--set", STUDY_SET,
-               "--calib", args.calib, "--out", str(args.out / "structure"), "--device", args.device] + normalize
+               "--calib", args.calib, "--out", str(args.out / "structure"), "--device", args.device] + STUDY_TM_NORMALIZE
     for flag, value in (("--weights", args.weights), ("--limit", args.limit),
                         ("--num-recycles", args.num_recycles), ("--calib-max-length", args.calib_max_length)):
         if value is not None:
@@ -92,7 +80,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if code != 0:
         return code
     means = mean_tm_scores(args.out / "structure" / "results.csv", recipes)
-    print(format_table(means, args.model, bool(normalize), args.calib_max_length))
+    print(format_table(means, args.model, args.calib_max_length))
     print(protocol_note(args.calib, args.num_recycles))
     if args.contacts_data:
         print()
@@ -161,18 +149,16 @@ def _cell(means: Dict[str, tuple], recipe: Optional[str]) -> str:
     return f"{mean:.4f} ({n}) `{recipe}`"
 
 
-def format_table(means: Dict[str, tuple], model: str, study_normalised: bool, calib_max_length) -> str:
+def format_table(means: Dict[str, tuple], model: str, calib_max_length) -> str:
     """Markdown table: one line per study row, published / study-exact here / ours."""
     lines = ["| study row | published (source) | study-exact here (n) | ours (n) |", "| --- | ---: | ---: | ---: |"]
     for row, study, ours, published, source in STRUCTURE_ROWS:
         lines.append(f"| {row} | {published:.4f} ({source}) | {_cell(means, study)} | {_cell(means, ours)} |")
     notes = ["Study PWLQ stores 9 bits per value (8-bit centre + 8-bit tail grid); ours stores 8 "
              "(one signed 8-bit code split into centre and tails). Study ranges: top-k of whole tensors "
-             "(BOS/EOS included, first 50 calls); ours: residues only.",
-             "TM-score normalised by " + ("the prediction's length, as the study (`TMscore native pred`)."
-                                          if study_normalised else
-                                          "the native's observed residues (this build has no --tm-normalize "
-                                          "yet): not the study's normalisation.")]
+             "(BOS/EOS included, first 50 calls); ours: residues only, BOS/EOS rows kept in floating point.",
+             "TM-score normalised by the prediction's length, as the study (`TMscore native pred`, "
+             "`--tm-normalize sequence`)."]
     if calib_max_length not in (None, 0):
         notes.append(f"Calibration sequences cropped to {calib_max_length} residues (the study used whole ones).")
     if model != STUDY_MODEL:

@@ -1,6 +1,5 @@
 """scripts/reproduce_study.py: every study row has a study-exact recipe, and the table prints every row."""
 
-import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -24,17 +23,18 @@ def test_every_row_names_presets_and_prints():
     assert all(r in pp.PRESETS for r in recipes)
     assert all(row[1] == "fp" or row[1].startswith("study-") for row in script.STRUCTURE_ROWS)
     means = {r: (0.5, 3) for r in recipes}
-    table = script.format_table(means, "tiny-esmfold", False, 128)
+    table = script.format_table(means, "tiny-esmfold", 128)
     for row in script.STRUCTURE_ROWS:
         line = next(l for l in table.splitlines() if l.startswith(f"| {row[0]} |"))
         assert f"{row[3]:.4f}" in line and "0.5000 (3)" in line
     assert "9 bits per value" in table and "toolkit check" in table and "cropped to 128" in table
-    assert "not the study's normalisation" in table
-    assert "missing" in script.format_table({}, "esmfold", True, None)
+    assert "normalised by the prediction's length" in table
+    assert "missing" in script.format_table({}, "esmfold", None)
 
 
-def test_tm_normalisation_is_asked_for_exactly_when_the_runner_has_it():
-    from ptq_protein.eval.bench.runner import RunOptions
+def test_the_structure_run_asks_for_the_study_normalisation():
+    from ptq_protein.cli.main import build_parser
 
-    has = "tm_normalize" in {f.name for f in dataclasses.fields(RunOptions)}
-    assert _script().tm_normalize_flag() == (["--tm-normalize", "sequence"] if has else [])
+    args = build_parser().parse_args(["eval", "structure", "--model", "tiny-esmfold", "--out", "x",
+                                      *_script().STUDY_TM_NORMALIZE])
+    assert args.tm_normalize == "sequence"

@@ -71,7 +71,8 @@ def reference_outputs(fp_model: nn.Module, sequences: Sequence[str], adapter: Mo
     """FP outputs on ``sequences``, one at a time (so no padding is involved)."""
     adapter = adapter or get_adapter(fp_model)
     if isinstance(sequences, str) or not sequences:
-        raise TypeError("compare_models takes a non-empty list of sequences, not "
+        raise TypeError("the fidelity check (compare_models, reference_outputs) takes a non-empty list of "
+                        "sequences, not "
                         f"{'one string' if isinstance(sequences, str) else 'an empty list'}: pass [sequence]")
     sequences = adapter.validate(list(sequences), where="comparison")
     refs = []

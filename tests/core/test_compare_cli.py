@@ -43,13 +43,15 @@ def test_quickstart_demo_prints_the_comparison_from_one_calibration_pass(tmp_pat
     assert code == 0, err
     assert calibration_counter["passes"] == 1  # w8a8-pwlq and the demo's w8a8-uniform share the pass
     assert calibration_counter["forwards"] == 2  # casp14:6 in batches of 4: one pass of 2 batches
+    # the study recipe is in the default comparison, calibrated by its own (batch 1) pass, and says so
+    assert "note: study-w8a8-pwlq was calibrated in a pass of its own (a study-exact recipe" in out
     lines = out.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("fidelity vs the FP model"))
     assert "toolkit check, random weights" in lines[head]
     assert lines[head + 1].startswith("on the 2 median-length calibration sequences of 6 (")
     assert lines[head + 2].split() == ["recipe", "bits", "W/A", "rel.", "error", "TM", "vs", "FP"]
-    rows = [line.split() for line in lines[head + 3:head + 5]]
-    assert [r[:2] for r in rows] == [["w8a8-pwlq", "8/8"], ["w8a8-uniform", "8/8"]]
+    rows = [line.split() for line in lines[head + 3:head + 6]]
+    assert [r[:2] for r in rows] == [["w8a8-pwlq", "8/8"], ["w8a8-uniform", "8/8"], ["study-w8a8-pwlq", "8/9"]]
     for row in rows:
         rel, tm = float(row[2]), float(row[3])
         assert 0 <= rel < 1 and 0 < tm <= 1
