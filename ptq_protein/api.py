@@ -88,6 +88,18 @@ class CalibrationPass:
     specs: Dict[str, TensorQuant]
     stats: Dict[str, Any]  # site (or MATMUL sub-site) name -> SiteStats
     recipes: List[str] = field(default_factory=list)
+    study: Dict[str, Any] = field(default_factory=dict)  # site -> StudyTopKObserver, for study-* recipes
+
+    def reason_not_serving_study(self, sites: Sequence[Site], cfg: QuantConfig) -> Optional[str]:
+        """Why this pass cannot stand in for the study calibration of ``sites`` under ``cfg`` (None: it can)."""
+        for site in sites:
+            obs = self.study.get(site.name)
+            if obs is None:
+                return f"site {site.name} was not calibrated with the study's statistics in this pass"
+            if obs.calls != cfg.study.calls or obs.keep < cfg.activations.topk:
+                return (f"site {site.name}: this pass kept the top-{obs.keep} of the first {obs.calls} calls; "
+                        f"the recipe needs top-{cfg.activations.topk} of the first {cfg.study.calls}")
+        return None
 
     def reason_not_serving(self, sites: Sequence[Site], cfg: QuantConfig) -> Optional[str]:
         """Why this pass cannot stand in for calibrating ``sites`` under ``cfg`` (None: it can)."""
@@ -217,7 +229,7 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     adapter.prepare(qmodel)
     if cfg.study is not None:
         extra = {"num_recycles": num_recycles} if num_recycles is not None else {}
-        return _quantize_study(qmodel, adapter, cfg, calibration, extra, calib_max_length, progress)
+        return _quantize_study(qmodel, adapter, cfg, calibration, extra, calib_max_length, progress, statistics)
     all_sites = discover_sites(qmodel, adapter)
     if not all_sites:
         raise InputError(f"{type(model).__name__} has no quantizable sites (no Linear or LayerNorm modules)")
@@ -304,24 +316,34 @@ def _check_run_options(adapter, calib_max_length: Optional[int], num_recycles: O
 
 
 def _quantize_study(qmodel: nn.Module, adapter, cfg: QuantConfig, calibration: CalibrationArg, forward_kwargs: dict,
-                    calib_max_length: Optional[int], progress: bool) -> nn.Module:
+                    calib_max_length: Optional[int], progress: bool,
+                    statistics: Optional[CalibrationPass] = None) -> nn.Module:
     """A ``study-*`` recipe: the study's calibration, quantizers and W8 (``ptq_protein.quant.study``).
 
     Order as their ``quant_exp_combine_v1`` notebook: statistics from the float
     model, activation quantizers attached, then W8 over the state dict (which then
-    rounds the quantizers' range buffers too). Batch size is always 1.
+    rounds the quantizers' range buffers too). Batch size is always 1. A shared
+    ``statistics`` pass (``calibrate_recipes``) replaces the calibration run.
     """
     chosen = [s for s in select_sites(discover_sites(qmodel, adapter), cfg) if s.kind is not SiteKind.MATMUL]
     acts, calib_info, done, fp_sites, report = cfg.activations, None, {}, [], []
     if acts is not None:
         if not chosen:
             raise InputError(f"recipe {cfg.name!r} selects no site of this model: check kinds/groups/include/exclude")
-        name, seqs = resolve_calibration(calibration)
-        seqs = [crop_sequence(s, calib_max_length) for s in adapter.validate(seqs, where="calibration")]
-        observers = study_calibrate(qmodel, adapter, chosen, seqs, acts.topk, cfg.study.calls, forward_kwargs, progress)
-        calib_info = CalibrationInfo.for_sequences(name, seqs)
+        if statistics is not None:
+            reason = statistics.reason_not_serving_study(chosen, cfg)
+            if reason is not None:
+                raise ValueError(f"the calibration pass given as statistics= cannot serve recipe {cfg.name!r}: "
+                                 f"{reason}; plan it with calibrate_recipes, or pass calibration= instead")
+            observers, calib_info = statistics.study, statistics.info
+        else:
+            name, seqs = resolve_calibration(calibration)
+            seqs = [crop_sequence(s, calib_max_length) for s in adapter.validate(seqs, where="calibration")]
+            observers = study_calibrate(qmodel, adapter, chosen, seqs, acts.topk, cfg.study.calls, forward_kwargs,
+                                        progress)
+            calib_info = CalibrationInfo.for_sequences(name, seqs)
         for site in chosen:
-            obs, bounds = observers[site.name], observers[site.name].bounds()
+            obs, bounds = observers[site.name], observers[site.name].bounds(acts.topk)
             if bounds is None or float(bounds[0]) >= 0.0 >= float(bounds[1]):  # never ran, or always 0 (their assert)
                 fp_sites.append(site.name)
                 continue

@@ -23,7 +23,8 @@ from ptq_protein.api import CalibrationArg, CalibrationInfo, CalibrationPass, ca
 from ptq_protein.calibration.calibrate import calibrate
 from ptq_protein.calibration.sharing import merge_collection_specs
 from ptq_protein.calibration.sites import Site, discover_sites, select_sites
-from ptq_protein.config import QuantConfig, TensorQuant
+from ptq_protein.calibration.study import study_calibrate
+from ptq_protein.config import QuantConfig, SiteKind, TensorQuant
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.presets import resolve_config
 
@@ -60,13 +61,21 @@ def calibrate_recipes(model: nn.Module, recipes: Sequence[Union[str, QuantConfig
     work = copy.deepcopy(model)
     adapter.prepare(work)
     all_sites = discover_sites(work, adapter)
-    groups, notes = _plan(cfgs, all_sites)
+    study, notes = _plan_study(cfgs, all_sites)
+    groups, more_notes = _plan([c for c in cfgs if c.study is None], all_sites)
+    notes.update(more_notes)
     passes: Dict[str, Optional[CalibrationPass]] = {name: None for name in names}
-    if not groups:
+    if not groups and study is None:
         return passes, notes
     name, seqs = calibration_sequences(adapter, calibration, calib_max_length)
     info = CalibrationInfo.for_sequences(name, seqs)
     extra = {"num_recycles": num_recycles} if num_recycles is not None else {}
+    if study is not None:
+        log.info("calibrating once for %s (the study's pass: batch 1, whole tensors)", ", ".join(study.recipes))
+        observers = study_calibrate(work, adapter, list(study.sites.values()), seqs, study.keep, study.calls, extra,
+                                    progress)
+        shared = CalibrationPass(info, {}, {}, list(study.recipes), study=observers)
+        passes.update({recipe: shared for recipe in study.recipes})
     for group in groups:
         log.info("calibrating once for %s", ", ".join(group.recipes))
         stats = calibrate(work, adapter, list(group.sites.values()), group.specs, seqs, batch_size=batch_size,
@@ -107,10 +116,41 @@ def _plan(cfgs: Sequence[QuantConfig], all_sites: Sequence[Site]) -> Tuple[List[
     return groups, notes
 
 
+@dataclass
+class _StudyGroup:
+    """The study-* recipes with activations: one batch-1 pass keeping enough extremes for each one's top-k."""
+
+    calls: int
+    recipes: List[str] = field(default_factory=list)
+    sites: Dict[str, Site] = field(default_factory=dict)
+    keep: int = 1
+
+
+STUDY_OWN_PASS = "a study-exact recipe collects the study's own statistics (batch 1, first calls, BOS/EOS included)"
+
+
+def _plan_study(cfgs: Sequence[QuantConfig], all_sites: Sequence[Site]) -> Tuple[Optional[_StudyGroup], Dict[str, str]]:
+    """One pass for every study-* recipe that calibrates with the first one's call count (the study's 50)."""
+    group: Optional[_StudyGroup] = None
+    notes: Dict[str, str] = {}
+    for cfg in cfgs:
+        if cfg.study is None or cfg.activations is None:
+            continue
+        if group is None:
+            group = _StudyGroup(cfg.study.calls)
+        if cfg.study.calls != group.calls:
+            notes[cfg.name] = f"{STUDY_OWN_PASS}; it counts {cfg.study.calls} calls, the shared study pass " \
+                              f"{group.calls}"
+            continue
+        notes[cfg.name] = STUDY_OWN_PASS + (f", shared with {', '.join(group.recipes)}" if group.recipes else "")
+        group.recipes.append(cfg.name)
+        group.keep = max(group.keep, cfg.activations.topk)
+        group.sites.update({s.name: s for s in select_sites(all_sites, cfg) if s.kind is not SiteKind.MATMUL})
+    return group, notes
+
+
 def _calibrates_on_its_own(cfg: QuantConfig) -> Optional[str]:
     """Why a recipe cannot read a shared pass (None: it can)."""
-    if cfg.study is not None:
-        return "a study-exact recipe collects the study's own statistics (batch 1, first calls, BOS/EOS included)"
     if cfg.changes_model_before_calibration:
         return "SmoothQuant/GPTQ change the model before its activations are calibrated"
     return None

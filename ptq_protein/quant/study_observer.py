@@ -64,12 +64,21 @@ class StudyTopKObserver:
         """Calls that contribute (at most ``calls``)."""
         return len(self._mins)
 
-    def bounds(self) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
-        """``(min, max)`` float32 0-dim tensors, or None when no call was seen."""
+    def bounds(self, k: Optional[int] = None) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """``(min, max)`` float32 0-dim tensors at top-``k`` (default ``self.k``), or None when no call was seen.
+
+        Any ``k <= self.keep`` gives what an observer built for that ``k`` gives: the
+        ``k`` extremes of a call are the first ``k`` of its ``keep`` sorted extremes,
+        so one pass serves recipes at top-1 and top-2 alike.
+        """
+        k = self.k if k is None else k
+        if not 1 <= k <= self.keep:
+            raise ValueError(f"this observer kept the {self.keep} extremes of each call; top-{k} needs a pass "
+                             f"built with k >= {k}")
         if not self._mins:
             return None
         mins, maxs = torch.stack(self._mins), torch.stack(self._maxs)
-        return study_topk_reduce(mins, self.k, "min"), study_topk_reduce(maxs, self.k, "max")
+        return study_topk_reduce(mins, k, "min"), study_topk_reduce(maxs, k, "max")
 
 
 def _pad(values: torch.Tensor, size: int, front: bool) -> torch.Tensor:

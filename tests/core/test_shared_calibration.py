@@ -1,5 +1,7 @@
 """Several recipes from one calibration pass: same models as calibrating each alone, fewer passes."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -58,3 +60,38 @@ def test_stats_needs_merge():
     assert StatsNeeds.of(topk).covered_by(StatsNeeds.of(merged["a"]))
     merged, reason = merge_collection_specs({"a": tensor}, {"a": channel})
     assert merged is None and "site a" in reason and "per-channel" in reason
+
+
+def test_study_recipes_share_one_batch_1_pass_and_equal_calibrating_alone(esm2, seqs, monkeypatch):
+    from ptq_protein import api
+    from ptq_protein.calibration import study
+
+    runs = []
+    real = study.study_calibrate
+
+    def counting(model, adapter, sites, sequences, k, calls, *args, **kwargs):
+        runs.append(k)
+        return real(model, adapter, sites, sequences, k, calls, *args, **kwargs)
+
+    monkeypatch.setattr(shared_calibration, "study_calibrate", counting)
+    recipes = ["study-a8-uniform", "study-a8-pwlq", "w8a8-pwlq"]  # top-1, top-2, and one of ours
+    passes, notes = shared_calibration.calibrate_recipes(esm2, recipes, seqs, batch_size=2)
+    assert runs == [2]  # one study pass, keeping enough extremes for both top-k
+    assert passes["study-a8-uniform"] is passes["study-a8-pwlq"] is not passes["w8a8-pwlq"]
+    assert "shared with study-a8-uniform" in notes["study-a8-pwlq"]
+    monkeypatch.setattr(api, "study_calibrate", counting)
+    for recipe in recipes[:2]:
+        before = len(runs)
+        shared = pp.quantize(esm2, recipe, statistics=passes[recipe])
+        assert len(runs) == before  # the shared pass served it: no calibration run of its own
+        alone = pp.quantize(esm2, recipe, calibration=seqs)
+        for key, value in alone.state_dict().items():
+            assert torch.equal(shared.state_dict()[key], value), (recipe, key)
+        assert shared.ptq_state.report == alone.ptq_state.report
+        assert shared.ptq_state.calibration == alone.ptq_state.calibration
+    with pytest.raises(ValueError, match="cannot serve recipe 'study-a8-pwlq'"):
+        pp.quantize(esm2, "study-a8-pwlq", statistics=passes["w8a8-pwlq"])
+    narrow = pp.get_preset("study-a8-pwlq").replace(name="study-top9", activations=dataclasses.replace(
+        pp.get_preset("study-a8-pwlq").activations, topk=9))
+    with pytest.raises(ValueError, match="top-9"):
+        pp.quantize(esm2, narrow, statistics=passes["study-a8-pwlq"])
