@@ -42,6 +42,9 @@ def register(subparsers) -> None:
     p.add_argument("--backend", choices=["fake", "int8"], default="fake", help="execution backend recorded in the artifact")
     p.add_argument("--num-recycles", type=int, help="ESMFold: recycles during calibration (default: the model's)")
     add_calib_crop_option(p)
+    p.add_argument("--smoothquant-alpha", metavar="A|auto",
+                   help="*-smoothquant* presets: SmoothQuant's migration strength in [0, 1] (preset: 0.5), or 'auto' "
+                        "to pick it from a grid by the fidelity check's error (one quantize per grid point)")
     p.add_argument("--low-memory", action="store_true",
                    help="fair-esm ESM-2 files: stream the model layer by layer from the memory-mapped checkpoint "
                         "(peak memory about the int8 model plus one float layer); same artifact as the default")
@@ -72,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
     budget = auto_budget(args)  # a bad budget fails before any model is loaded
     recipe = "auto" if budget is not None else _recipe_name(args)
+    alpha = _smoothquant_alpha(args, recipe)
     if args.check < 0:
         raise ValueError(f"--check {args.check} must be 0 (skip) or a number of sequences")
     out = args.out if args.out is not None else f"runs/{Path(args.model).name}-{recipe}"
@@ -87,21 +91,24 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_float_model(args, args.model, mmap=True)
     demo = _is_demo(loaded)
     crop = calib_crop(args, loaded.device)
-    compare, skipped, passes, separate = [], [], {}, {}
+    compare, skipped, passes, separate, alpha_search = [], [], {}, {}, None
     if budget is None:
         compare, skipped = known_recipes([n for n in compare_names(args, demo) if n.strip() != recipe])
     check = _fidelity_references(args, loaded, crop)  # before an in-place quantization consumes the FP model
     if budget is not None:
         qmodel = run_auto(args, loaded, budget)
     else:
-        passes, separate = calibrate_recipes(loaded.model, [recipe, *compare], args.calib,
+        target, alpha_search = _tuned_recipe(args, loaded, recipe, alpha, crop)
+        passes, separate = calibrate_recipes(loaded.model, [target, *compare], args.calib,
                                              batch_size=args.batch_size, progress=show_progress(args),
                                              num_recycles=args.num_recycles, calib_max_length=crop)
         # Without recipes to compare, the float model is quantized in place (no second copy in memory).
-        qmodel = pp.quantize(loaded.model, recipe, calibration=args.calib, statistics=passes[recipe],
+        qmodel = pp.quantize(loaded.model, target, calibration=args.calib, statistics=passes[recipe],
                              backend=args.backend, batch_size=args.batch_size, progress=show_progress(args),
                              num_recycles=args.num_recycles, calib_max_length=crop, inplace=not compare)
     summary = _summary(qmodel, out, recipe, _save(qmodel, out, args, loaded))
+    if alpha_search:
+        summary["smoothquant_alpha"] = alpha_search
     if qmodel.ptq_state.plan is not None:
         summary["plan"] = qmodel.ptq_state.plan.to_dict()
     if check is not None:
@@ -113,6 +120,49 @@ def run(args: argparse.Namespace) -> int:
         summary["fidelity_vs_fp"] = comparison.pop("main_metrics")
         summary["comparison"] = comparison
     return _report(summary, args, demo)
+
+
+def _smoothquant_alpha(args: argparse.Namespace, recipe: str):
+    """``--smoothquant-alpha`` checked before any model is loaded: None, a float, or "auto"."""
+    from ptq_protein.presets import get_preset
+
+    text = args.smoothquant_alpha
+    if text is None:
+        return None
+    if recipe == "auto" or get_preset(recipe).smoothquant is None:
+        raise ValueError(f"--smoothquant-alpha applies to SmoothQuant presets (e.g. --preset w8a8-smoothquant), "
+                         f"not {recipe!r}: drop it or pick such a preset")
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"--smoothquant-alpha {text!r} must be a number in [0, 1] or 'auto'")
+    return value
+
+
+def _tuned_recipe(args: argparse.Namespace, loaded, recipe: str, alpha, crop):
+    """(the recipe to quantize with, ``{"chosen", "scored_on", "trials"}`` of the alpha search or None)."""
+    import dataclasses
+
+    from ptq_protein.presets import get_preset
+
+    if alpha is None:
+        return recipe, None
+    cfg = get_preset(recipe)
+    if alpha != "auto":
+        return cfg.replace(smoothquant=dataclasses.replace(cfg.smoothquant, alpha=alpha)), None
+    from ptq_protein.recipe_compare import choose_fidelity_sequences
+    from ptq_protein.search.smoothquant_alpha import search_smoothquant_alpha
+
+    chosen = choose_fidelity_sequences(args.calib, max(args.check, 1), crop)
+    tuned, trials = search_smoothquant_alpha(loaded.model, cfg, loaded.validate(list(chosen.sequences)),
+                                             calibration=args.calib, batch_size=args.batch_size,
+                                             num_recycles=args.num_recycles, calib_max_length=crop)
+    return tuned, {"chosen": tuned.smoothquant.alpha, "scored_on": list(chosen.ids),
+                   "trials": [t.to_dict() for t in trials]}
 
 
 def _save(qmodel, out: Path, args: argparse.Namespace, loaded) -> str:
@@ -216,6 +266,11 @@ def _print_summary(summary: dict, demo: bool) -> None:
     if calib:
         print(f"calibration: {calib['name']} ({calib['num_sequences']} sequences, sha256 {calib['sha256'][:12]})")
     print(f"artifact: {summary['artifact']} ({summary['artifact_bytes'] / 1e6:.2f} MB)")
+    search = summary.get("smoothquant_alpha")
+    if search:
+        print(f"smoothquant alpha {search['chosen']:g}, the lowest relative error vs FP on "
+              f"{', '.join(search['scored_on'])}: " + ", ".join(f"{t['alpha']:g} {t['relative_error']:.4f}"
+                                                         for t in search["trials"]))
     plan = summary.get("plan")
     if plan:
         print(f"plan for {plan['budget']}: {plan['avg_bits']:.2f} average bits; held-out "

@@ -1,0 +1,59 @@
+"""SmoothQuant's alpha chosen per model: the grid search scores what it says, picks the minimum, and the CLI says so."""
+
+import dataclasses
+import json
+
+import pytest
+
+import ptq_protein as pp
+from ptq_protein.cli.main import main
+from ptq_protein.errors import InputError
+from ptq_protein.eval.bench.fidelity import compare_models
+from ptq_protein.search.smoothquant_alpha import search_smoothquant_alpha
+
+
+def test_search_scores_each_alpha_and_returns_the_best(esm2, calib_seqs, metric_seqs):
+    before = {k: v.clone() for k, v in esm2.state_dict().items()}
+    cfg, trials = search_smoothquant_alpha(esm2, "w8a8-smoothquant", metric_seqs, alphas=(0.2, 0.5, 0.9),
+                                           calibration=calib_seqs)
+    assert [t.alpha for t in trials] == [0.2, 0.5, 0.9]
+    best = min(trials, key=lambda t: t.relative_error)
+    assert cfg.smoothquant.alpha == best.alpha and cfg.name == "w8a8-smoothquant"
+    # each trial's error is that of an independent quantize + comparison at its alpha
+    base = pp.get_preset("w8a8-smoothquant")
+    for trial in (trials[0], trials[2]):
+        at = base.replace(smoothquant=dataclasses.replace(base.smoothquant, alpha=trial.alpha))
+        again = compare_models(esm2, pp.quantize(esm2, at, calibration=calib_seqs), metric_seqs)
+        assert again["relative_error"] == pytest.approx(trial.relative_error, rel=1e-6)
+    assert len({t.relative_error for t in trials}) == 3  # alpha changes the quantized model
+    assert all(v.equal(esm2.state_dict()[k]) for k, v in before.items())  # the caller's model is untouched
+
+
+def test_search_refuses_recipes_without_smoothquant_and_bad_grids(esm2, metric_seqs):
+    with pytest.raises(InputError, match="no SmoothQuant step"):
+        search_smoothquant_alpha(esm2, "w8a8-uniform", metric_seqs)
+    with pytest.raises(InputError, match=r"\[0, 1\]"):
+        search_smoothquant_alpha(esm2, "w8a8-smoothquant", metric_seqs, alphas=(0.5, 1.5))
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--preset", "w8a8-uniform", "--smoothquant-alpha", "0.6"], "applies to SmoothQuant presets"),
+    (["--preset", "w8a8-smoothquant", "--smoothquant-alpha", "high"], "must be a number in [0, 1] or 'auto'"),
+    (["--preset", "w8a8-smoothquant", "--smoothquant-alpha", "1.2"], "must be a number in [0, 1] or 'auto'"),
+])
+def test_cli_refuses_bad_alpha_in_one_line(tmp_path, capsys, argv, words):
+    assert main(["quantize", "tiny-esm2", *argv, "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and "\n" not in err and not (tmp_path / "a").exists()
+
+
+def test_cli_auto_alpha_is_recorded_in_the_summary_and_the_artifact(tmp_path, capsys):
+    out = tmp_path / "a"
+    code = main(["quantize", "tiny-esm2", "--preset", "w8a8-smoothquant", "--smoothquant-alpha", "auto",
+                 "--calib", "casp14:4", "--check", "2", "--compare", "none", "--json", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    search = json.loads(captured.out)["smoothquant_alpha"]
+    assert [t["alpha"] for t in search["trials"]] == [0.3, 0.4, 0.5, 0.6, 0.7, 0.8] and len(search["scored_on"]) == 2
+    assert search["chosen"] == min(search["trials"], key=lambda t: t["relative_error"])["alpha"]
+    assert pp.load(out).ptq_state.config.smoothquant.alpha == search["chosen"]
