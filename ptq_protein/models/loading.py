@@ -35,6 +35,7 @@ import torch
 from ptq_protein.errors import InputError
 from ptq_protein.fasta import ESM2_MAX_RESIDUES, ESM_AMINO_ACIDS, validate_sequence
 from ptq_protein.models import resolve
+from ptq_protein.models.declared import check_name_fits
 from ptq_protein.models.checkpoints import file_sha256, load_torch_checkpoint, split_state
 from ptq_protein.models.esmfold_convert import load_fair_esmfold
 from ptq_protein.models.fair_esm2 import load_fair_esm2
@@ -142,7 +143,9 @@ def load_model(name_or_path: Union[str, os.PathLike], weights: Optional[Union[st
     MissingWeightsError
         Nothing local matches; the message lists what was searched.
     InputError
-        Unknown name, corrupt file, or weights that do not fit the architecture.
+        Unknown name, corrupt file, weights that do not fit the architecture, a
+        published name (``esm2_t6_8M_UR50D``) on a file of other shapes
+        (:mod:`~ptq_protein.models.declared`), or a dangling HF ``refs/main``.
     """
     name = str(name_or_path)
     tiny = _TINY_SEED.fullmatch(name)
@@ -222,6 +225,13 @@ def _load_tiny(name: str, seed: int) -> LoadedModel:
 
 
 def _load_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: bool, mmap: bool) -> LoadedModel:
+    loaded = _read_file(name, path, config, allow_pickle, hash_weights, mmap)
+    if loaded.family is not ModelFamily.HF_ESMFOLD:
+        check_name_fits(name, loaded.model, str(path))  # a published name on a file of other shapes
+    return loaded
+
+
+def _read_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: bool, mmap: bool) -> LoadedModel:
     label = path.stem if Path(name).expanduser().absolute() == path else name
     if path.is_dir():
         if not resolve.is_hf_folder(path):

@@ -144,3 +144,48 @@ def test_source_is_the_absolute_path_and_its_sha256(tmp_path, monkeypatch):
     loaded = load_model("m.pt")
     assert loaded.source == str(tmp_path / "m.pt") and Path(loaded.source).is_absolute()
     assert loaded.source_sha256 == hashlib.sha256((tmp_path / "m.pt").read_bytes()).hexdigest()
+
+
+def _cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "ptq_protein.cli.main", *args], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def test_a_dangling_refs_main_is_reported_not_replaced_by_an_older_snapshot(tmp_path, monkeypatch):
+    from ptq_protein.models import tiny_hf_esm2
+
+    cache = tmp_path / "hub"
+    repo = cache / "models--facebook--esm2_t6_8M_UR50D"
+    model, tokenizer = tiny_hf_esm2(seed=0, num_layers=6, embed_dim=320, heads=20)
+    model.save_pretrained(repo / "snapshots" / "older")
+    tokenizer.save_pretrained(repo / "snapshots" / "older")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("c0ffee")  # the snapshot it names was never (fully) downloaded
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
+    with pytest.raises(InputError, match=r"refs/main points to revision 'c0ffee'.*is missing.*other cached "
+                                         r"snapshots: older"):
+        load_model("facebook/esm2_t6_8M_UR50D")
+    (repo / "snapshots" / "c0ffee").mkdir()
+    with pytest.raises(InputError, match="lacks config.json or a weights file"):
+        load_model("esm2_t6_8M_UR50D")  # the fair-esm name falls through to the same cache
+    done = _cli("quantize", "facebook/esm2_t6_8M_UR50D", "--out", str(tmp_path / "q"),
+                env={"HF_HUB_CACHE": str(cache), "TORCH_HOME": str(tmp_path / "torch_home")})
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "refs/main" in done.stderr
+    (repo / "refs" / "main").write_text("older")  # fixed: the named snapshot loads
+    assert load_model("facebook/esm2_t6_8M_UR50D").source == str(repo / "snapshots" / "older")
+
+
+def test_a_published_name_on_a_file_of_other_shapes_is_one_line_from_the_cli(tmp_path):
+    from tests.models.conftest import write_fair_esm2
+
+    model, _ = tiny_esm2(seed=0, num_layers=3, embed_dim=48, heads=4)
+    path = write_fair_esm2(model, tmp_path / "small.pt", regression="inline")
+    done = _cli("quantize", "esm2_t6_8M_UR50D", "--weights", str(path), "--out", str(tmp_path / "q"), "--quiet")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"ptq-protein quantize: error: {path} holds an ESM model of 3 layers x 48 wide, but esm2_t6_8M_UR50D is "
+        "6 x 320: the name does not fit the file; give the matching name, or load the file by its path (or under a "
+        "name of your own) to use it as it is"]
+    assert not (tmp_path / "q").exists()
+    assert _cli("quantize", str(path), "--preset", "w8-only", "--out", str(tmp_path / "q"), "--quiet").returncode == 0
