@@ -118,3 +118,17 @@ def test_a_single_process_changes_nothing():
     assert Ranks(rank=1, world_size=2, local_rank=1).device("cuda") == "cuda:1"
     with pytest.raises(ValueError, match="not a valid placement"):
         Ranks(rank=2, world_size=2)
+
+
+def test_structure_under_two_ranks_gives_the_rows_of_one_process(tmp_path):
+    """eval structure takes the same path (its wiring: ranks, rank-0 summary); the cross-rank FP reads are
+    exercised by the contacts runs above (3 targets: rank 0 scores a quantized target whose FP rank 1 wrote)."""
+    args = ["eval", "structure", "--model", "tiny-esmfold", "--set", "cameo139:2", "--recipes", "fp,w8-only",
+            "--num-recycles", "0", "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for name, launcher in (("one", [sys.executable]), ("two", TORCHRUN)):
+        done = subprocess.run([*launcher, "-m", "ptq_protein.cli.main", *args, "--out", str(tmp_path / name)],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr
+    assert _rows(tmp_path / "one") == _rows(tmp_path / "two")
+    assert len(_rows(tmp_path / "two")) == 4
