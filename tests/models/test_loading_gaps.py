@@ -189,3 +189,23 @@ def test_a_published_name_on_a_file_of_other_shapes_is_one_line_from_the_cli(tmp
         "name of your own) to use it as it is"]
     assert not (tmp_path / "q").exists()
     assert _cli("quantize", str(path), "--preset", "w8-only", "--out", str(tmp_path / "q"), "--quiet").returncode == 0
+
+
+def test_the_esmfold_sized_benchmark_file_needs_no_config(monkeypatch):
+    """scripts/make_random_checkpoints.py writes a partial cfg (trunk: 48 blocks) on an 8M stem: the file's cfg plus
+    the stem's shapes give the config the benchmark passes by hand (shapes only: built on the meta device)."""
+    from transformers import EsmForProteinFolding
+
+    from ptq_protein.models.esmfold_cfg import config_from_fair_cfg
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "scripts"))
+    from make_random_checkpoints import esmfold_trunk_config
+
+    reference = esmfold_trunk_config()
+    with torch.device("meta"):
+        model = EsmForProteinFolding(reference)
+    built = config_from_fair_cfg({"trunk": {"num_blocks": 48}}, hf_esmfold_to_fair(model.state_dict()).state_dict,
+                                 "trunk file")
+    assert built.esmfold_config.trunk.to_dict() == reference.esmfold_config.trunk.to_dict()
+    for field in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "token_dropout"):
+        assert getattr(built, field) == getattr(reference, field), field
