@@ -30,7 +30,7 @@ import os
 import pickle
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, Tuple, Union
+from typing import Any, Dict, Mapping, Sequence, Tuple, Union
 
 import torch
 
@@ -116,9 +116,9 @@ def _plain(obj: Any, seen: set) -> Any:
         return out
     if isinstance(obj, argparse.Namespace):
         return _plain(vars(obj), seen)
-    if isinstance(obj, dict):
+    if isinstance(obj, Mapping):  # dict, OrderedDict, or a real DictConfig (allow_pickle=True)
         return {k: _plain(v, seen) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
+    if isinstance(obj, Sequence):  # list, tuple, or a real ListConfig
         return [_plain(v, seen) for v in obj]
     return obj
 
