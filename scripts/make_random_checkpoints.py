@@ -8,7 +8,8 @@ Files go under ``--out`` (default /tmp/ptq13_ckpt); never commit them.
 * ``esm2_150M`` / ``esm2_650M``: ``esm2_t30_150M_UR50D.pt`` / ``esm2_t33_650M_UR50D.pt`` with fair-esm's key
   names and ``cfg`` (argparse.Namespace), as fair-esm's hub files.
 * ``esmfold_trunk``: a fair-esm ESMFold file with the v1 trunk (48 folding blocks, structure module) on an
-  ESM-2 8M stem; its config must be passed to the loader (see ``esmfold_trunk_config``).
+  ESM-2 8M stem; the loader builds its config from the file's partial cfg (trunk: 48 blocks, v1 sizes) and the
+  stem's shapes, which equals ``esmfold_trunk_config`` (tested); bench_memory passes it explicitly.
 
 Weights: N(0, 1/fan_in) matrices, unit LayerNorm scales, zero biases; buffers keep the
 values the model's constructor computes (rotary frequencies, index tables).

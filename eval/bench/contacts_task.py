@@ -28,6 +28,7 @@ from ptq_protein.eval.bench.runner import (FP_RECIPE, RunOptions, normalize_reci
                                            run_recipes)
 from ptq_protein.eval.bench.summary import MetricSpec, write_outputs
 from ptq_protein.io_utils import atomic_write_bytes
+from ptq_protein.eval.bench.distributed import SINGLE, Ranks
 from ptq_protein.eval.bench.results_store import ResultsStore
 from ptq_protein.data.sets import BenchmarkSet, Numbering, Target
 
@@ -50,7 +51,7 @@ CONTACT_METRICS = (
 
 def evaluate_contacts(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[str], out_dir: Union[str, Path],
                       options: RunOptions = RunOptions(), run_info: Optional[Mapping[str, Any]] = None,
-                      note: str = "") -> Dict[str, Any]:
+                      note: str = "", ranks: Ranks = SINGLE) -> Dict[str, Any]:
     """Predict and score contacts of every target under each recipe; write results, summary and plot.
 
     Parameters
@@ -67,16 +68,18 @@ def evaluate_contacts(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[s
 
     _check_family(get_adapter(model).family)
     out_dir = Path(out_dir)
-    with open_run(out_dir, {"command": "eval contacts", **(run_info or {})}, CONTACT_COLUMNS) as store:
-        return _run(model, bench, recipes, out_dir, store, options, note)
+    with open_run(out_dir, {"command": "eval contacts", **(run_info or {})}, CONTACT_COLUMNS, ranks) as store:
+        return _run(model, bench, recipes, out_dir, store, options, note, ranks)
 
 
 def _run(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[str], out_dir: Path, store: ResultsStore,
-         options: RunOptions, note: str) -> Dict[str, Any]:
+         options: RunOptions, note: str, ranks: Ranks) -> Dict[str, Any]:
     def evaluate(recipe: str, qmodel: nn.Module, target: Target) -> Dict[str, Any]:
         return _predict_and_score(qmodel, bench, target, recipe, out_dir)
 
-    counts = run_recipes(model, bench, recipes, store, evaluate, options)
+    counts = run_recipes(model, bench, recipes, store, evaluate, options, ranks)
+    if not ranks.is_main:  # rank 0 writes the summary, from every rank's rows
+        return {"results": store.path, "counts": counts}
     paths = write_outputs(out_dir, store.rows(), normalize_recipes(recipes), bench.ids, CONTACT_METRICS,
                           title=f"eval contacts: {bench.name}", note=note)
     return {**paths, "results": store.path, "counts": counts}

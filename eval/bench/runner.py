@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, S
 from torch import nn
 
 from ptq_protein.models.adapters import ESM2_MAX_RESIDUES
+from ptq_protein.eval.bench.distributed import SINGLE, Ranks
 from ptq_protein.eval.bench.results_store import STATUS_OK, TEXT_COLUMNS, ResultsStore, check_run_info, is_done
 from ptq_protein.eval.tmscore import TMNormalize
 from ptq_protein.io_utils import check_out_path, folder_lock, safe_stem
@@ -34,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 FP_RECIPE = "fp"
 _LENGTH_SKIP = "skipped: length "
+_COUNT_KINDS = ("ok", "skipped", "error", "resumed")
 
 # evaluate(recipe, model, target) -> the row's metric columns (status/seconds are added here)
 EvaluateFn = Callable[[str, nn.Module, Target], Mapping[str, Any]]
@@ -90,7 +92,7 @@ def length_status(target: Target, cap: int) -> Optional[str]:
 
 
 def run_recipes(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[str], store: ResultsStore,
-                evaluate: EvaluateFn, options: RunOptions) -> Dict[str, int]:
+                evaluate: EvaluateFn, options: RunOptions, ranks: Ranks = SINGLE) -> Dict[str, int]:
     """Evaluate every (recipe, target) not yet done in ``store``; returns counts per status kind.
 
     Parameters
@@ -101,40 +103,89 @@ def run_recipes(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[str], s
         later recipes can compare with the FP prediction).
     store : where rows go; rows already done there are not redone.
     evaluate : ``evaluate(recipe, model, target) -> {column: value}`` for one target.
+    ranks : the processes sharing the work (see :mod:`~ptq_protein.eval.bench.distributed`);
+        the counts returned are then those of all ranks together.
     """
-    counts = {"ok": 0, "skipped": 0, "error": 0, "resumed": 0}
+    if ranks.shared:
+        return _run_shared(model, bench, recipes, store, evaluate, options, ranks)
+    counts = dict.fromkeys(_COUNT_KINDS, 0)
     for recipe in normalize_recipes(recipes):
         pending = [t for t in bench.targets if _pending(store, recipe, t, options.max_length)]
         counts["resumed"] += len(bench.targets) - len(pending)
         if not pending:
             logger.info("%s: all %d targets already done", recipe, len(bench.targets))
-            continue
-        runnable = []
-        for target in pending:
-            status = length_status(target, options.max_length)
-            if status is None:
-                runnable.append(target)
-                continue
-            logger.warning("%s: target %s not run: %s (recorded in the table)", recipe, target.id, status[len("skipped: "):])
-            store.put({"target": target.id, "recipe": recipe, "length": target.length, "status": status})
-            counts["skipped"] += 1
-        if runnable:
-            qmodel = _quantized(model, recipe, options)
-            for i, target in enumerate(_progress(runnable, recipe, options.progress), 1):
-                outcome = _run_one(qmodel, recipe, target, store, evaluate)
-                counts[outcome] += 1
-                logger.info("%s: %d/%d %s %s", recipe, i, len(runnable), target.id, outcome)
-            del qmodel
+        _run_recipe(model, recipe, pending, store, evaluate, options, counts)
     return counts
 
 
+def _run_shared(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[str], store: ResultsStore,
+                evaluate: EvaluateFn, options: RunOptions, ranks: Ranks) -> Dict[str, int]:
+    """The pending pairs planned from one reading of the table, ``fp`` shared first, then the rest; counts summed."""
+    store.refresh()
+    plan = {r: [t for t in bench.targets if _pending(store, r, t, options.max_length)]
+            for r in normalize_recipes(recipes)}
+    ranks.barrier()  # every rank has planned before any rank writes
+    counts = dict.fromkeys(_COUNT_KINDS, 0)
+    if ranks.is_main:
+        counts["resumed"] = sum(len(bench.targets) - len(p) for p in plan.values())
+    _run_recipe(model, FP_RECIPE, ranks.share(plan.pop(FP_RECIPE)), store, evaluate, options, counts)
+    ranks.barrier()  # the FP outputs the quantized rows are compared with are all written
+    mine = ranks.share([(r, t) for r, targets in plan.items() for t in targets])
+    for recipe in plan:
+        _run_recipe(model, recipe, [t for r, t in mine if r == recipe], store, evaluate, options, counts)
+    ranks.barrier()
+    store.refresh()  # every rank's rows, for the summary
+    return {kind: sum(c[kind] for c in ranks.gather(counts)) for kind in _COUNT_KINDS}
+
+
+def _run_recipe(model: nn.Module, recipe: str, pending: Sequence[Target], store: ResultsStore,
+                evaluate: EvaluateFn, options: RunOptions, counts: Dict[str, int]) -> None:
+    """Length-capped targets recorded as skipped; the others run on one quantized copy (made only if needed)."""
+    runnable = []
+    for target in pending:
+        status = length_status(target, options.max_length)
+        if status is None:
+            runnable.append(target)
+            continue
+        logger.warning("%s: target %s not run: %s (recorded in the table)", recipe, target.id, status[len("skipped: "):])
+        store.put({"target": target.id, "recipe": recipe, "length": target.length, "status": status})
+        counts["skipped"] += 1
+    if runnable:
+        qmodel = _quantized(model, recipe, options)
+        for i, target in enumerate(_progress(runnable, recipe, options.progress), 1):
+            outcome = _run_one(qmodel, recipe, target, store, evaluate)
+            counts[outcome] += 1
+            logger.info("%s: %d/%d %s %s", recipe, i, len(runnable), target.id, outcome)
+        del qmodel
+
+
 @contextlib.contextmanager
-def open_run(out_dir: Path, run_info: Mapping[str, Any], columns: Sequence[str]) -> Iterator[ResultsStore]:
+def open_run(out_dir: Path, run_info: Mapping[str, Any], columns: Sequence[str],
+             ranks: Ranks = SINGLE) -> Iterator[ResultsStore]:
     """The results table of ``out_dir``, held for one run: a second run into the folder is refused meanwhile.
 
-    Checks ``run.json`` against ``run_info`` (a run that scored nothing may change it).
+    Checks ``run.json`` against ``run_info`` (a run that scored nothing may change it). With several
+    ``ranks``, rank 0 holds the folder and checks; a refusal there ends every rank with the same line.
     """
-    out_dir = Path(out_dir)
+    if not ranks.shared:
+        with _held_run(Path(out_dir), run_info, columns) as store:
+            yield store
+        return
+    with contextlib.ExitStack() as stack:
+        error = None
+        if ranks.is_main:
+            try:
+                store = stack.enter_context(_held_run(Path(out_dir), run_info, columns))
+            except (ValueError, OSError) as e:
+                error = e
+        ranks.agree(error)
+        if not ranks.is_main:
+            store = ResultsStore(Path(out_dir) / "results.csv", columns)
+        yield store
+
+
+@contextlib.contextmanager
+def _held_run(out_dir: Path, run_info: Mapping[str, Any], columns: Sequence[str]) -> Iterator[ResultsStore]:
     if not out_dir.is_dir():
         check_out_path(out_dir, what="output folder")
     out_dir.mkdir(parents=True, exist_ok=True)

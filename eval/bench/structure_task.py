@@ -28,6 +28,7 @@ from ptq_protein.eval.bench.runner import (FP_RECIPE, RunOptions, normalize_reci
                                            run_recipes)
 from ptq_protein.eval.bench.summary import MetricSpec, write_outputs
 from ptq_protein.io_utils import atomic_write_text
+from ptq_protein.eval.bench.distributed import SINGLE, Ranks
 from ptq_protein.eval.bench.results_store import ResultsStore
 from ptq_protein.eval.tmscore import TMNormalize
 from ptq_protein.data.sets import BenchmarkSet, Numbering, Target
@@ -51,7 +52,7 @@ STRUCTURE_METRICS = (
 
 def evaluate_structure(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[str], out_dir: Union[str, Path],
                        options: RunOptions = RunOptions(), run_info: Optional[Mapping[str, Any]] = None,
-                       note: str = "") -> Dict[str, Any]:
+                       note: str = "", ranks: Ranks = SINGLE) -> Dict[str, Any]:
     """Fold and score every target of ``bench`` under each recipe; write results, summary and plot.
 
     Parameters
@@ -63,6 +64,7 @@ def evaluate_structure(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[
     options : calibration set, length cap, recycles, progress.
     run_info : what identifies the run (model, set, calibration, ...), checked on resume.
     note : a line for the summary (e.g. "tiny random model: toolkit check, not biology").
+    ranks : the processes sharing the run (:mod:`~ptq_protein.eval.bench.distributed`); rank 0 writes the summary.
 
     Returns
     -------
@@ -73,16 +75,18 @@ def evaluate_structure(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[
     require_esmfold(model)
     out_dir = Path(out_dir)
     run_info = {"command": "eval structure", **(run_info or {}), "tm_normalize": options.tm_normalize.value}
-    with open_run(out_dir, run_info, STRUCTURE_COLUMNS) as store:
-        return _run(model, bench, recipes, out_dir, store, options, note)
+    with open_run(out_dir, run_info, STRUCTURE_COLUMNS, ranks) as store:
+        return _run(model, bench, recipes, out_dir, store, options, note, ranks)
 
 
 def _run(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[str], out_dir: Path, store: ResultsStore,
-         options: RunOptions, note: str) -> Dict[str, Any]:
+         options: RunOptions, note: str, ranks: Ranks) -> Dict[str, Any]:
     def evaluate(recipe: str, qmodel: nn.Module, target: Target) -> Dict[str, Any]:
         return _fold_and_score(qmodel, bench, target, recipe, out_dir, options)
 
-    counts = run_recipes(model, bench, recipes, store, evaluate, options)
+    counts = run_recipes(model, bench, recipes, store, evaluate, options, ranks)
+    if not ranks.is_main:  # rank 0 writes the summary, from every rank's rows
+        return {"results": store.path, "counts": counts}
     paths = write_outputs(out_dir, store.rows(), normalize_recipes(recipes), bench.ids, STRUCTURE_METRICS,
                           title=f"eval structure: {bench.name}", note=note,
                           details=[_NORMALIZE_LINE[options.tm_normalize]])

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 from typing import Any, Dict
 
 from ptq_protein.cli.common import (add_calib_crop_option, add_json_option, add_runtime_options,
-                                    add_tm_normalize_option, calib_crop, print_json, show_progress)
+                                    add_tm_normalize_option, calib_crop, print_json, resolve_device,
+                                    show_progress)
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, load_float_model
 
 EXAMPLES = """examples:
@@ -20,6 +22,8 @@ EXAMPLES = """examples:
 Outputs in --out: results.csv (one row per target x recipe), summary.md, fp_vs_quantized.png,
 pdb/<recipe>/<target>.pdb (structure) or contacts/<recipe>/<target>.npy (contacts), run.json.
 Rerunning the same command resumes: finished rows are neither redone nor duplicated.
+Across processes or GPUs (targets x recipes shared; resumable with any N):
+  torchrun --nproc-per-node 4 -m ptq_protein.cli.main eval structure --model esmfold --device cuda --out runs/eval
 """
 
 TINY_NOTE = ("tiny random model: these numbers check the toolkit end to end; they say nothing about "
@@ -64,8 +68,8 @@ def _add_common(p: argparse.ArgumentParser, default_recipes: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ptq_protein.models.adapters import ESM2_MAX_RESIDUES
-    from ptq_protein.eval.bench.runner import RunOptions, normalize_recipes
+    from ptq_protein.eval.bench.distributed import process_group
+    from ptq_protein.eval.bench.runner import normalize_recipes
 
     recipes = normalize_recipes(args.recipes)  # validate before loading anything heavy
     if args.max_length is not None and args.max_length < 1:
@@ -73,12 +77,25 @@ def run(args: argparse.Namespace) -> int:
     if Path(args.out).is_file() or not args.out.strip():
         raise ValueError(f"--out {args.out!r} must name a folder (an earlier run there is resumed)")
     bench = _select(args)
-    loaded = load_float_model(args, args.model)
+    device = resolve_device(args.device)
+    with process_group(device) as ranks:  # one process unless launched by torchrun
+        _label_logs(ranks)
+        result = _evaluate(args, bench, recipes, ranks)
+        if ranks.is_main:
+            _report(args, result)
+    return 0
+
+
+def _evaluate(args: argparse.Namespace, bench, recipes, ranks) -> Dict[str, Any]:
+    from ptq_protein.models.adapters import ESM2_MAX_RESIDUES
+    from ptq_protein.eval.bench.runner import RunOptions
+
+    loaded = load_float_model(args, args.model, device=ranks.device(resolve_device(args.device)))
     cap = args.max_length if args.max_length is not None else (loaded.max_length or ESM2_MAX_RESIDUES)
     options = RunOptions(calibration=args.calib, max_length=cap, batch_size=args.batch_size,
-                         num_recycles=args.num_recycles, progress=show_progress(args),
+                         num_recycles=args.num_recycles, progress=show_progress(args) and ranks.is_main,
                          calib_max_length=calib_crop(args, loaded.device), tm_normalize=args.tm_normalize)
-    # What must match for a resumed run (recipes, targets, limit and length cap may change).
+    # What must match for a resumed run (recipes, targets, limit, length cap and number of ranks may change).
     run_info = {"model": args.model, "weights": args.weights, "model_source": loaded.source,
                 "model_sha256": loaded.source_sha256, "set": _set_identity(args.set_spec),
                 "calibration": args.calib, "calib_max_length": options.calib_max_length,
@@ -89,9 +106,16 @@ def run(args: argparse.Namespace) -> int:
         from ptq_protein.eval.bench.structure_task import evaluate_structure as evaluate
     else:
         from ptq_protein.eval.bench.contacts_task import evaluate_contacts as evaluate
-    result = evaluate(loaded.model, bench, recipes, Path(args.out), options, run_info=run_info, note=note)
-    _report(args, result)
-    return 0
+    return evaluate(loaded.model, bench, recipes, Path(args.out), options, run_info=run_info, note=note, ranks=ranks)
+
+
+def _label_logs(ranks) -> None:
+    """Under torchrun, each log line names its rank (the ranks share one stderr)."""
+    if not ranks.shared:
+        return
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(logging.Formatter(f"%(levelname)s rank {ranks.rank}/{ranks.world_size} "
+                                               "%(name)s: %(message)s"))
 
 
 def _select(args: argparse.Namespace):

@@ -15,8 +15,11 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", metavar="PATH", help="checkpoint file or folder to use instead of the caches")
 
 
-def load_float_model(args: argparse.Namespace, name: str, mmap: bool = False):
-    """LoadedModel for ``name`` on the requested device/dtype (``mmap``: see ``load_model``)."""
+def load_float_model(args: argparse.Namespace, name: str, mmap: bool = False, device: "str | None" = None):
+    """LoadedModel for ``name`` on the requested device/dtype (``mmap``: see ``load_model``).
+
+    ``device`` overrides ``--device`` (an evaluation rank's ``cuda:LOCAL_RANK``).
+    """
     import torch
 
     from ptq_protein.cli.common import resolve_device
@@ -25,7 +28,7 @@ def load_float_model(args: argparse.Namespace, name: str, mmap: bool = False):
     seed = getattr(args, "seed", None)
     torch.manual_seed(0 if seed is None else seed)
     tiny = str(name).startswith("tiny-")  # --seed chooses a tiny model's weights (tiny-esm2@N names one too)
-    return load_model(name, weights=getattr(args, "weights", None), device=resolve_device(args.device),
+    return load_model(name, weights=getattr(args, "weights", None), device=device or resolve_device(args.device),
                       dtype=getattr(torch, _DTYPES[args.dtype or "float32"]), seed=seed if tiny else None, mmap=mmap)
 
 

@@ -12,8 +12,8 @@ omegaconf ``DictConfig`` (omegaconf is not even a dependency here). So:
    functions, dtypes, OrderedDict, ...) plus Namespace resolve to real
    objects; every other class becomes a :class:`Unloaded` placeholder that
    only records its arguments, so no foreign code is imported or run. The
-   tensors come back intact; the configs inside do not (callers take the
-   config from elsewhere, e.g. the ESMFold v1 config).
+   tensors come back intact; the configs inside are inert trees that
+   :func:`plain_config` reads as plain dicts (fair-esm ESMFold's omegaconf cfg).
 3. ``allow_pickle=True`` (the user vouches for the file) does a full
    ``weights_only=False`` load instead of step 2.
 
@@ -30,13 +30,13 @@ import os
 import pickle
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, Tuple, Union
+from typing import Any, Dict, Mapping, Sequence, Tuple, Union
 
 import torch
 
 from ptq_protein.errors import InputError
 
-__all__ = ["Unloaded", "load_torch_checkpoint", "split_state", "file_sha256"]
+__all__ = ["Unloaded", "load_torch_checkpoint", "plain_config", "split_state", "file_sha256"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,12 +44,21 @@ _HASH_CHUNK = 1 << 20
 
 
 class Unloaded:
-    """Stand-in for a pickled object whose class was not allowed; holds only what the pickle passed."""
+    """Stand-in for a pickled object whose class was not allowed; holds only what the pickle passed.
+
+    ``state`` is what ``BUILD`` passed (an object's ``__dict__``), ``entries`` and
+    ``elements`` what ``SETITEMS`` / ``APPENDS`` passed (a dict or list subclass's
+    contents). Every field is set in ``__new__``: protocol-2 pickles create objects
+    with ``cls.__new__(cls)`` and never call ``__init__``.
+    :func:`plain_config` turns a tree of these into plain dicts and lists.
+    """
 
     qualified_name = "?"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.args, self.kwargs, self.state, self.items = args, kwargs, None, {}
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Unloaded":
+        self = super().__new__(cls)
+        self.args, self.kwargs, self.state, self.entries, self.elements = args, kwargs, None, {}, []
+        return self
 
     def __setstate__(self, state: Any) -> None:
         self.state = state
@@ -59,17 +68,59 @@ class Unloaded:
         return Unloaded(*args, **kwargs)
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self.items[key] = value
+        self.entries[key] = value
 
     def append(self, value: Any) -> None:
-        self.items[len(self.items)] = value
+        self.elements.append(value)
 
     def extend(self, values: Any) -> None:
-        for value in values:
-            self.append(value)
+        self.elements.extend(values)
 
     def __repr__(self) -> str:
         return f"<Unloaded {self.qualified_name}>"
+
+
+def plain_config(obj: Any) -> Any:
+    """A config read by :func:`load_torch_checkpoint` as plain dicts, lists and scalars (no code runs).
+
+    Placeholders become what they held: a dict subclass its entries, a list
+    subclass its elements, any other object its ``__dict__``; ``argparse.Namespace``
+    its attributes. omegaconf's ``DictConfig``/``ListConfig`` pickle their items
+    under ``_content`` and each value node its value under ``_val`` (omegaconf's
+    ``__getstate__`` returns ``__dict__``): those are unwrapped, so fair-esm's
+    ESMFold ``cfg`` reads as the nested dict it was written from. Back-references
+    (omegaconf's ``_parent``) are cut.
+    """
+    return _plain(obj, set())
+
+
+def _plain(obj: Any, seen: set) -> Any:
+    if isinstance(obj, (str, bytes, int, float, bool, type(None), torch.Tensor)):
+        return obj
+    if id(obj) in seen:
+        return None  # a cycle (a child's link to its parent)
+    seen = seen | {id(obj)}
+    if isinstance(obj, Unloaded):
+        state = obj.state
+        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict):  # (dict state, slots)
+            state = {**(state[0] or {}), **state[1]}
+        if isinstance(state, dict) and "_content" in state:  # omegaconf container
+            return _plain(state["_content"], seen)
+        if isinstance(state, dict) and "_val" in state:  # omegaconf value node
+            return _plain(state["_val"], seen)
+        if obj.elements:
+            return [_plain(v, seen) for v in obj.elements]
+        out = {k: _plain(v, seen) for k, v in obj.entries.items()}
+        if isinstance(state, dict):
+            out.update({k: _plain(v, seen) for k, v in state.items() if k != "_parent"})
+        return out
+    if isinstance(obj, argparse.Namespace):
+        return _plain(vars(obj), seen)
+    if isinstance(obj, Mapping):  # dict, OrderedDict, or a real DictConfig (allow_pickle=True)
+        return {k: _plain(v, seen) for k, v in obj.items()}
+    if isinstance(obj, Sequence):  # list, tuple, or a real ListConfig
+        return [_plain(v, seen) for v in obj]
+    return obj
 
 
 def load_torch_checkpoint(path: Union[str, os.PathLike], *, allow_pickle: bool = False, mmap: bool = False) -> Any:

@@ -17,10 +17,12 @@ fair-esm's ``esmfold_3B_v1.pt`` may omit the stem (fair-esm then loads
 ``esm2_t36_3B_UR50D`` separately); :func:`load_fair_esmfold` then reads the
 stem from ``esm2_t36_3B_UR50D.pt`` beside it (or ``stem_path``).
 
-Config: the checkpoint's own config is an omegaconf object that is not
-unpickled (see :mod:`ptq_protein.models.checkpoints`), so the model is built
-from :func:`esmfold_v1_config` (the published v1 architecture: ESM-2 3B stem,
-48 trunk blocks) unless ``config=`` is given -- tests pass the tiny config.
+Config: the checkpoint's own ``cfg`` (an omegaconf object, read inertly as a
+plain dict: :func:`~ptq_protein.models.checkpoints.plain_config`) describes the
+trunk and names the stem; :mod:`ptq_protein.models.esmfold_cfg` turns it into
+an ``EsmConfig``, so v1 and differently sized files (the structure-module-only
+ablations, ...) load alike. ``config=`` overrides it; a file without a readable
+cfg is built as :func:`esmfold_v1_config` (the published v1 architecture).
 Every key must then line up: missing, unexpected or mis-shaped tensors are
 reported by name.
 """
@@ -32,12 +34,13 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Dict, Optional, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import torch
 
 from ptq_protein.errors import InputError
-from ptq_protein.models.checkpoints import load_torch_checkpoint, split_state
+from ptq_protein.models.checkpoints import load_torch_checkpoint, plain_config, split_state
+from ptq_protein.models.esmfold_cfg import config_from_fair_cfg, stem_file_name
 from ptq_protein.models.esm_keymap import KeyMapping, fair_esm2_to_hf, hf_to_fair_esm2, uses_per_layer_rotary
 from ptq_protein.models.resolve import ESMFOLD_FAIR_STEM, missing_weights, torch_checkpoints_dir
 from ptq_protein.models.tokens import esm_vocab
@@ -93,10 +96,13 @@ def load_fair_esmfold(path: Union[str, os.PathLike], *, config=None, stem_path: 
     path
         ``esmfold_3B_v1.pt``-style file: ``{"model": state_dict, "cfg": ...}``.
     config
-        ``EsmConfig`` to build (default :func:`esmfold_v1_config`); ``fp16_esm`` is kept as given.
+        ``EsmConfig`` to build; default: the one the file's own ``cfg`` describes
+        (:mod:`ptq_protein.models.esmfold_cfg`), or :func:`esmfold_v1_config` for a file
+        without a readable cfg. ``fp16_esm`` is kept as given.
     stem_path
         fair-esm ESM-2 checkpoint for the stem when ``path`` has no ``esm.*`` keys
-        (default ``<torch hub>/checkpoints/esm2_t36_3B_UR50D.pt``).
+        (default ``<torch hub>/checkpoints/<file>.pt`` for the cfg's ``esm_type``, e.g.
+        ``esm2_t36_3B_UR50D.pt`` for v1).
     allow_pickle
         Fully unpickle the files (only for files you trust).
     mmap
@@ -110,13 +116,17 @@ def load_fair_esmfold(path: Union[str, os.PathLike], *, config=None, stem_path: 
     from transformers import EsmForProteinFolding
 
     path = Path(path)
-    state, _ = split_state(load_torch_checkpoint(path, allow_pickle=allow_pickle, mmap=mmap), path)
+    state, rest = split_state(load_torch_checkpoint(path, allow_pickle=allow_pickle, mmap=mmap), path)
+    cfg = file_cfg(rest)
     info: Dict[str, object] = {"stem_source": str(path)}
     if not any(k.startswith(_STEM) for k in state):
-        stem_file = Path(stem_path) if stem_path else torch_checkpoints_dir() / f"{ESMFOLD_FAIR_STEM}.pt"
+        stem_file = (Path(stem_path) if stem_path else
+                     torch_checkpoints_dir() / f"{stem_file_name(cfg, ESMFOLD_FAIR_STEM)}.pt")
         state = {**state, **_read_fair_stem(stem_file, path, allow_pickle)}
         info["stem_source"] = str(stem_file)
-    config = config if config is not None else esmfold_v1_config()
+    if config is None:
+        config = config_from_fair_cfg(cfg, state, str(path)) if cfg is not None else esmfold_v1_config()
+        info["config_source"] = "file cfg" if cfg is not None else "ESMFold v1 (the file has no readable cfg)"
     with _skip_init():
         model = EsmForProteinFolding(config)
     mapped = fair_esmfold_to_hf(state, rotary_per_layer=uses_per_layer_rotary(model))
@@ -132,6 +142,13 @@ def load_fair_esmfold(path: Union[str, os.PathLike], *, config=None, stem_path: 
     if mapped.dropped:
         logger.info("%s: dropped %d keys ESMFold does not use (%s ...)", path, len(mapped.dropped), mapped.dropped[0])
     return model.eval(), info
+
+
+def file_cfg(rest: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+    """``cfg["model"]`` of a fair-esm ESMFold file as a plain dict, or None when absent or not a mapping."""
+    cfg = plain_config(rest.get("cfg"))
+    model = cfg.get("model") if isinstance(cfg, dict) else None
+    return model if isinstance(model, dict) and model else None
 
 
 def load_checked(model: torch.nn.Module, state_dict: Dict[str, torch.Tensor], *, where: str,

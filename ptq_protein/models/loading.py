@@ -35,6 +35,7 @@ import torch
 from ptq_protein.errors import InputError
 from ptq_protein.fasta import ESM2_MAX_RESIDUES, ESM_AMINO_ACIDS, validate_sequence
 from ptq_protein.models import resolve
+from ptq_protein.models.declared import check_name_fits
 from ptq_protein.models.checkpoints import file_sha256, load_torch_checkpoint, split_state
 from ptq_protein.models.esmfold_convert import load_fair_esmfold
 from ptq_protein.models.fair_esm2 import load_fair_esm2
@@ -63,7 +64,7 @@ class ModelFamily(str, enum.Enum):
 class LoadedModel:
     """A model plus what is needed to feed it and to record where it came from.
 
-    ``source`` is a file or folder path, or ``"tiny:<name>:seed=<n>"``;
+    ``source`` is the absolute path of the file or folder read, or ``"tiny:<name>:seed=<n>"``;
     ``source_sha256`` is the sha256 of the weights file (for a folder: of a
     listing of its config and weight files' hashes), or None for tiny models or
     when hashing was turned off. ``max_length`` is the longest accepted
@@ -142,7 +143,9 @@ def load_model(name_or_path: Union[str, os.PathLike], weights: Optional[Union[st
     MissingWeightsError
         Nothing local matches; the message lists what was searched.
     InputError
-        Unknown name, corrupt file, or weights that do not fit the architecture.
+        Unknown name, corrupt file, weights that do not fit the architecture, a
+        published name (``esm2_t6_8M_UR50D``) on a file of other shapes
+        (:mod:`~ptq_protein.models.declared`), or a dangling HF ``refs/main``.
     """
     name = str(name_or_path)
     tiny = _TINY_SEED.fullmatch(name)
@@ -173,11 +176,11 @@ def locate_weights(name_or_path: Union[str, os.PathLike], weights: Optional[Unio
 def _locate(name: str, weights: Optional[Union[str, os.PathLike]]) -> Path:
     """The file or folder to load for ``name`` (see the module docstring)."""
     if weights is not None:
-        path = Path(weights).expanduser()
+        path = Path(weights).expanduser().absolute()  # absolute: recorded as the artifact's source
         if not path.exists():
             raise resolve.missing_weights(name, [path.name], [path.parent])
         return path
-    path = Path(name).expanduser()
+    path = Path(name).expanduser().absolute()
     if path.exists():
         return path
     short = name.split("/", 1)[1] if name.startswith("facebook/") else name
@@ -200,13 +203,13 @@ def _search(name: str, order: Sequence[Tuple[Optional[str], Optional[str]]]) -> 
         if repo_id is not None:
             snapshot = resolve.hf_snapshot(repo_id)
             if snapshot is not None:
-                return snapshot
+                return snapshot.absolute()
             files.append(f"{resolve.hf_repo_folder(repo_id).name}/snapshots/*/config.json")
             folders.append(resolve.hf_hub_cache_dir())
         else:
             candidate = resolve.torch_checkpoints_dir() / filename
             if candidate.is_file():
-                return candidate
+                return candidate.absolute()
             files.append(filename)
             folders.append(candidate.parent)
     raise resolve.missing_weights(name, files, folders)
@@ -222,7 +225,14 @@ def _load_tiny(name: str, seed: int) -> LoadedModel:
 
 
 def _load_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: bool, mmap: bool) -> LoadedModel:
-    label = path.stem if name == str(path) else name
+    loaded = _read_file(name, path, config, allow_pickle, hash_weights, mmap)
+    if loaded.family is not ModelFamily.HF_ESMFOLD:
+        check_name_fits(name, loaded.model, str(path))  # a published name on a file of other shapes
+    return loaded
+
+
+def _read_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: bool, mmap: bool) -> LoadedModel:
+    label = path.stem if Path(name).expanduser().absolute() == path else name
     if path.is_dir():
         if not resolve.is_hf_folder(path):
             raise InputError(f"{path} is a folder but not a Hugging Face model folder (needs config.json and "

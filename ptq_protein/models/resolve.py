@@ -7,8 +7,10 @@
 * Hugging Face: ``<hub cache>/models--<org>--<name>/snapshots/<revision>/``
   where the hub cache is ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
   ``$XDG_CACHE_HOME/huggingface/hub``, else ``~/.cache/huggingface/hub``
-  (huggingface_hub's rules). The revision is the one ``refs/main`` points to,
-  else the most recently modified snapshot that has a ``config.json``.
+  (huggingface_hub's rules). The revision is the one ``refs/main`` points to
+  (an error when that snapshot is missing or incomplete: another revision is
+  never taken silently); without ``refs/main``, the most recently modified
+  snapshot that has a ``config.json`` and weights.
 
 Environment variables are read at call time, so tests can point them at temp folders.
 """
@@ -21,7 +23,7 @@ from typing import Iterable, List, Optional, Sequence
 
 import torch
 
-from ptq_protein.errors import MissingWeightsError
+from ptq_protein.errors import InputError, MissingWeightsError
 
 __all__ = [
     "FAIR_ESM_MODELS",
@@ -82,13 +84,25 @@ def hf_snapshot(repo_id: str) -> Optional[Path]:
     snapshots = repo / "snapshots"
     if not snapshots.is_dir():
         return None
+    candidates = [p for p in snapshots.iterdir() if is_hf_folder(p)]
     ref = repo / "refs" / "main"
     if ref.is_file():
-        pinned = snapshots / ref.read_text(encoding="utf-8").strip()
+        revision = ref.read_text(encoding="utf-8").strip()
+        pinned = snapshots / revision
         if is_hf_folder(pinned):
             return pinned
-    candidates = [p for p in snapshots.iterdir() if is_hf_folder(p)]
+        raise _dangling_ref(repo_id, ref, pinned, candidates)
     return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None
+
+
+def _dangling_ref(repo_id: str, ref: Path, pinned: Path, candidates: List[Path]) -> InputError:
+    """refs/main names a snapshot that is missing or incomplete: say so rather than use another revision."""
+    state = "is missing" if not pinned.exists() else "lacks config.json or a weights file"
+    others = (f"; other cached snapshots: {', '.join(p.name for p in candidates)} (pass one with --weights PATH)"
+              if candidates else "")
+    return InputError(f"Hugging Face cache for {repo_id}: {ref} points to revision {pinned.name!r}, but snapshot "
+                      f"{pinned} {state} (an interrupted download?); re-download it "
+                      f"(huggingface-cli download {repo_id}) or fix refs/main{others}")
 
 
 def is_hf_folder(path: Path) -> bool:

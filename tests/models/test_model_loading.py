@@ -42,26 +42,33 @@ def test_tiny_names_and_seeds():
 
 
 def test_fair_esm2_by_name_from_torch_home(homes, fakes):
-    model, _ = tiny_esm2(seed=1)
+    """The file under a published name has that model's shapes (6 x 320 for 8M; random weights)."""
+    model, _ = tiny_esm2(seed=1, num_layers=6, embed_dim=320, heads=20)
     path = fakes.write_fair_esm2(model, homes.checkpoints / "esm2_t6_8M_UR50D.pt")
     loaded = load_model("esm2_t6_8M_UR50D")
     assert loaded.family is ModelFamily.FAIR_ESM and loaded.source == str(path)
     assert loaded.source_sha256 == file_sha256(path)
-    assert torch.equal(lm_logits(loaded), lm_logits(load_model("tiny-esm2@1")))
+    tokens, mask = loaded.tokenize(SEQUENCES)
+    with torch.no_grad():
+        assert torch.equal(lm_logits(loaded), model(tokens)["logits"][mask])
     assert torch.equal(loaded.model.contact_head.regression.weight, model.contact_head.regression.weight)
 
 
 @pytest.mark.filterwarnings("ignore:Regression weights not found")
 @pytest.mark.parametrize("regression", ["inline", "none"])
 def test_fair_esm2_by_weights_path_with_or_without_regression(tmp_path, homes, fakes, regression):
+    """A tiny file loads under a name of the user's own; under a published name (esm2_t33_650M_UR50D, 33 x 1280)
+    it is refused, since the name would then label a 2 x 64 model as the 650M one (issue 13)."""
     model, _ = tiny_esm2(seed=2)
     path = fakes.write_fair_esm2(model, tmp_path / "elsewhere" / "my_esm.pt", regression=regression)
     with pytest.warns(UserWarning, match="Regression weights not found") if regression == "none" else _no_op():
-        loaded = load_model("esm2_t33_650M_UR50D", weights=path, hash_weights=False)
-    assert loaded.name == "esm2_t33_650M_UR50D" and loaded.source_sha256 is None
+        loaded = load_model("my_tiny_esm2", weights=path, hash_weights=False)
+    assert loaded.name == "my_tiny_esm2" and loaded.source_sha256 is None
     assert torch.equal(lm_logits(loaded), lm_logits(load_model("tiny-esm2@2")))
     by_path = load_model(path)  # a bare path works too; the name is the file stem
     assert by_path.name == "my_esm" and by_path.family is ModelFamily.FAIR_ESM
+    with pytest.raises(InputError, match="2 layers x 64 wide, but esm2_t33_650M_UR50D is 33 x 1280"):
+        load_model("esm2_t33_650M_UR50D", weights=path, hash_weights=False)
 
 
 def test_hf_folder_and_hf_cache_by_name(tmp_path, homes, fakes):
@@ -71,14 +78,17 @@ def test_hf_folder_and_hf_cache_by_name(tmp_path, homes, fakes):
     tokenizer.save_pretrained(folder)
     from_folder = load_model(folder)
     assert from_folder.family is ModelFamily.HF_ESM and from_folder.source == str(folder)
-    reference = lm_logits(load_model("tiny-esm2-hf@5"))
-    assert torch.equal(lm_logits(from_folder), reference)
-    snapshot = fakes.write_hf_cache(model, tokenizer, homes.hf_cache, "facebook/esm2_t6_8M_UR50D")
+    assert torch.equal(lm_logits(from_folder), lm_logits(load_model("tiny-esm2-hf@5")))
+    with pytest.raises(InputError, match="does not fit"):  # a published name on the tiny folder
+        load_model("facebook/esm2_t6_8M_UR50D", weights=folder)
+    model8, tokenizer8 = tiny_hf_esm2(seed=5, num_layers=6, embed_dim=320, heads=20)  # the 8M shapes
+    snapshot = fakes.write_hf_cache(model8, tokenizer8, homes.hf_cache, "facebook/esm2_t6_8M_UR50D")
     for name in ("facebook/esm2_t6_8M_UR50D", "esm2_t6_8M_UR50D"):  # no fair-esm file: the HF cache is next
         cached = load_model(name)
         assert cached.source == str(snapshot) and cached.family is ModelFamily.HF_ESM
-        assert torch.equal(lm_logits(cached), reference)
-    assert cached.source_sha256 == from_folder.source_sha256  # same config and weights bytes
+        tokens, mask = cached.tokenize(SEQUENCES)
+        with torch.no_grad():
+            assert torch.equal(lm_logits(cached), model8(input_ids=tokens, attention_mask=mask.long()).logits[mask])
 
 
 def test_fair_and_hf_tokenization_agree():
