@@ -279,3 +279,28 @@ def test_run_options_reject_an_unknown_tm_normalize():
 
     with pytest.raises(InputError, match="tm_normalize='model' is not one of"):
         RunOptions(tm_normalize="model")
+
+
+def test_recipes_of_one_run_share_calibration_passes_and_give_the_rows_of_separate_runs(tmp_path, user_set,
+                                                                                          monkeypatch):
+    from ptq_protein import api, shared_calibration
+
+    calls = []
+    for module in (api, shared_calibration):
+        for name in ("calibrate", "study_calibrate"):
+            real = getattr(module, name)
+            monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or
+                                _real(*a, **k))
+    common = ["--set", f"{user_set / 'set.fasta'}:{user_set / 'natives'}", "--calib", str(user_set / "set.fasta")]
+    recipes = ["w8a8-pwlq", "w8a8-uniform", "study-a8-uniform", "study-a8-pwlq"]
+    assert _cli(["contacts", "--model", "tiny-esm2", "--recipes", ",".join(["fp", *recipes]), *common,
+                 "--out", str(tmp_path / "together")]) == 0
+    assert sorted(calls) == ["calibrate", "study_calibrate"]  # one pass of ours, one of the study's
+    together = {(r["recipe"], r["target"]): r for r in _rows(tmp_path / "together" / "results.csv")}
+    for recipe in recipes:
+        assert _cli(["contacts", "--model", "tiny-esm2", "--recipes", f"fp,{recipe}", *common,
+                     "--out", str(tmp_path / recipe)]) == 0
+        for row in _rows(tmp_path / recipe / "results.csv"):
+            other = together[(row["recipe"], row["target"])]
+            assert {k: v for k, v in row.items() if k != "seconds"} == \
+                {k: v for k, v in other.items() if k != "seconds"}

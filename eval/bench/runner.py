@@ -109,13 +109,35 @@ def run_recipes(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[str], s
     if ranks.shared:
         return _run_shared(model, bench, recipes, store, evaluate, options, ranks)
     counts = dict.fromkeys(_COUNT_KINDS, 0)
-    for recipe in normalize_recipes(recipes):
-        pending = [t for t in bench.targets if _pending(store, recipe, t, options.max_length)]
+    plan = {r: [t for t in bench.targets if _pending(store, r, t, options.max_length)]
+            for r in normalize_recipes(recipes)}
+    passes = _shared_passes(model, plan, options)
+    for recipe, pending in plan.items():
         counts["resumed"] += len(bench.targets) - len(pending)
         if not pending:
             logger.info("%s: all %d targets already done", recipe, len(bench.targets))
-        _run_recipe(model, recipe, pending, store, evaluate, options, counts)
+        _run_recipe(model, recipe, pending, store, evaluate, options, counts, passes.get(recipe))
     return counts
+
+
+def _shared_passes(model: nn.Module, plan: Mapping[str, Sequence[Target]], options: RunOptions) -> Dict[str, Any]:
+    """One calibration pass per group of recipes with work left whose statistics agree (see ``calibrate_recipes``).
+
+    The same statistics each recipe would collect alone (tested there), so rows do
+    not depend on which recipes share a run; only the number of passes changes.
+    """
+    todo = [r for r, targets in plan.items() if r != FP_RECIPE
+            and any(length_status(t, options.max_length) is None for t in targets)]
+    if len(todo) < 2 or options.calibration is None:
+        return {}
+    from ptq_protein.shared_calibration import calibrate_recipes
+
+    passes, notes = calibrate_recipes(model, todo, options.calibration, batch_size=options.batch_size,
+                                      progress=options.progress, num_recycles=options.num_recycles,
+                                      calib_max_length=options.calib_max_length)
+    for recipe, reason in notes.items():
+        logger.info("%s: %s", recipe, reason)
+    return passes
 
 
 def _run_shared(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[str], store: ResultsStore,
@@ -139,7 +161,7 @@ def _run_shared(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[str], s
 
 
 def _run_recipe(model: nn.Module, recipe: str, pending: Sequence[Target], store: ResultsStore,
-                evaluate: EvaluateFn, options: RunOptions, counts: Dict[str, int]) -> None:
+                evaluate: EvaluateFn, options: RunOptions, counts: Dict[str, int], statistics: Any = None) -> None:
     """Length-capped targets recorded as skipped; the others run on one quantized copy (made only if needed)."""
     runnable = []
     for target in pending:
@@ -151,7 +173,7 @@ def _run_recipe(model: nn.Module, recipe: str, pending: Sequence[Target], store:
         store.put({"target": target.id, "recipe": recipe, "length": target.length, "status": status})
         counts["skipped"] += 1
     if runnable:
-        qmodel = _quantized(model, recipe, options)
+        qmodel = _quantized(model, recipe, options, statistics)
         for i, target in enumerate(_progress(runnable, recipe, options.progress), 1):
             outcome = _run_one(qmodel, recipe, target, store, evaluate)
             counts[outcome] += 1
@@ -212,8 +234,11 @@ def _pending(store: ResultsStore, recipe: str, target: Target, cap: int) -> bool
     return row["status"].startswith(_LENGTH_SKIP) and target.length <= cap
 
 
-def _quantized(model: nn.Module, recipe: str, options: RunOptions) -> nn.Module:
-    """The float model itself for ``fp`` (no copy: it is never modified), else a quantized copy."""
+def _quantized(model: nn.Module, recipe: str, options: RunOptions, statistics: Any = None) -> nn.Module:
+    """The float model itself for ``fp`` (no copy: it is never modified), else a quantized copy.
+
+    ``statistics``: a shared calibration pass serving this recipe (None: it calibrates here, if it needs to).
+    """
     if recipe == FP_RECIPE:
         return model
     import ptq_protein as pp
@@ -223,10 +248,12 @@ def _quantized(model: nn.Module, recipe: str, options: RunOptions) -> nn.Module:
 
     calibrated = needs_calibration(resolve_config(recipe).activations)
     start = time.perf_counter()
-    logger.info("%s: quantizing%s", recipe, f" (calibration: {_describe(options.calibration)})" if calibrated else "")
+    shared = " from the shared pass" if statistics is not None else ""
+    logger.info("%s: quantizing%s", recipe,
+                f" (calibration: {_describe(options.calibration)}{shared})" if calibrated else "")
     qmodel = pp.quantize(model, recipe, calibration=options.calibration, batch_size=options.batch_size,
                          progress=options.progress, num_recycles=options.num_recycles,
-                         calib_max_length=options.calib_max_length)
+                         calib_max_length=options.calib_max_length, statistics=statistics)
     logger.info("%s: quantized in %.1f s", recipe, time.perf_counter() - start)
     return qmodel
 
