@@ -89,6 +89,7 @@ class CalibrationPass:
     stats: Dict[str, Any]  # site (or MATMUL sub-site) name -> SiteStats
     recipes: List[str] = field(default_factory=list)
     study: Dict[str, Any] = field(default_factory=dict)  # site -> StudyTopKObserver, for study-* recipes
+    include_special: bool = False  # BOS/EOS rows were in the statistics (special_tokens="include")
 
     def reason_not_serving_study(self, sites: Sequence[Site], cfg: QuantConfig) -> Optional[str]:
         """Why this pass cannot stand in for the study calibration of ``sites`` under ``cfg`` (None: it can)."""
@@ -105,6 +106,9 @@ class CalibrationPass:
         """Why this pass cannot stand in for calibrating ``sites`` under ``cfg`` (None: it can)."""
         from ptq_protein.calibration.sharing import StatsNeeds
 
+        if (cfg.special_tokens is SpecialTokens.INCLUDE) != self.include_special:
+            return (f"the pass {'included' if self.include_special else 'left out'} the BOS/EOS rows; the recipe's "
+                    f"special_tokens is {cfg.special_tokens.value!r}")
         for site in sites:
             have = self.specs.get(site.name)
             if have is None:

@@ -24,8 +24,9 @@ from ptq_protein.calibration.calibrate import calibrate
 from ptq_protein.calibration.sharing import merge_collection_specs
 from ptq_protein.calibration.sites import Site, discover_sites, select_sites
 from ptq_protein.calibration.study import study_calibrate
-from ptq_protein.config import QuantConfig, SiteKind, TensorQuant
+from ptq_protein.config import QuantConfig, SiteKind, SpecialTokens, TensorQuant
 from ptq_protein.models.adapters import get_adapter
+from ptq_protein.models.mapped import mapped_file_of, release_after_forward
 from ptq_protein.presets import resolve_config
 
 __all__ = ["calibrate_recipes"]
@@ -40,33 +41,47 @@ class _Group:
     recipes: List[str] = field(default_factory=list)
     sites: Dict[str, Site] = field(default_factory=dict)
     specs: Dict[str, TensorQuant] = field(default_factory=dict)
+    include_special: bool = False  # BOS/EOS rows in the statistics (special_tokens="include")
 
 
 def calibrate_recipes(model: nn.Module, recipes: Sequence[Union[str, QuantConfig]], calibration: CalibrationArg, *,
                       batch_size: int = 4, progress: bool = False, num_recycles: Optional[int] = None,
-                      calib_max_length: Optional[int] = None
+                      calib_max_length: Optional[int] = None, inplace: bool = False
                       ) -> Tuple[Dict[str, Optional[CalibrationPass]], Dict[str, str]]:
     """Calibrate ``model`` once per group of recipes whose statistics agree.
 
     Returns ``(passes, notes)``: ``passes`` maps each recipe name to the
     :class:`CalibrationPass` to give ``pp.quantize(..., statistics=)`` (None when
     the recipe needs no calibration); ``notes`` maps a recipe that could not join
-    an earlier pass to the reason. ``model`` is not modified (passes run on a copy).
+    an earlier pass to the reason. ``model`` is not modified: passes run on a copy,
+    or, with ``inplace`` (what ``pp.quantize(inplace=True)`` does next anyway), on
+    ``model`` itself with the adapter's run-time settings applied to it, no second
+    copy of the weights, and memory-mapped weights handed back after each layer's forward.
     """
     cfgs = [resolve_config(r) for r in recipes]
     names = [c.name for c in cfgs]
     if len(set(names)) != len(names):
         raise ValueError(f"recipe names must be distinct to share calibration, got {names}")
     adapter = get_adapter(model)
-    work = copy.deepcopy(model)
-    adapter.prepare(work)
-    all_sites = discover_sites(work, adapter)
+    all_sites = discover_sites(model, adapter)
     study, notes = _plan_study(cfgs, all_sites)
     groups, more_notes = _plan([c for c in cfgs if c.study is None], all_sites)
     notes.update(more_notes)
     passes: Dict[str, Optional[CalibrationPass]] = {name: None for name in names}
     if not groups and study is None:
         return passes, notes
+    work = model if inplace else copy.deepcopy(model)
+    adapter.prepare(work)
+    with release_after_forward(work, mapped_file_of(work) if inplace else None):
+        _run_passes(work, adapter, study, groups, passes, calibration, batch_size, progress, num_recycles,
+                    calib_max_length)
+    return passes, notes
+
+
+def _run_passes(work: nn.Module, adapter, study: Optional["_StudyGroup"], groups: Sequence["_Group"],
+                passes: Dict[str, Optional[CalibrationPass]], calibration: CalibrationArg, batch_size: int,
+                progress: bool, num_recycles: Optional[int], calib_max_length: Optional[int]) -> None:
+    """The planned passes over ``work``, each recipe's entry of ``passes`` filled in."""
     name, seqs = calibration_sequences(adapter, calibration, calib_max_length)
     info = CalibrationInfo.for_sequences(name, seqs)
     extra = {"num_recycles": num_recycles} if num_recycles is not None else {}
@@ -79,10 +94,10 @@ def calibrate_recipes(model: nn.Module, recipes: Sequence[Union[str, QuantConfig
     for group in groups:
         log.info("calibrating once for %s", ", ".join(group.recipes))
         stats = calibrate(work, adapter, list(group.sites.values()), group.specs, seqs, batch_size=batch_size,
-                          progress=progress, forward_kwargs=extra)
-        shared = CalibrationPass(info, dict(group.specs), stats, list(group.recipes))
+                          progress=progress, forward_kwargs=extra, include_special=group.include_special)
+        shared = CalibrationPass(info, dict(group.specs), stats, list(group.recipes),
+                                 include_special=group.include_special)
         passes.update({recipe: shared for recipe in group.recipes})
-    return passes, notes
 
 
 def _plan(cfgs: Sequence[QuantConfig], all_sites: Sequence[Site]) -> Tuple[List[_Group], Dict[str, str]]:
@@ -98,15 +113,18 @@ def _plan(cfgs: Sequence[QuantConfig], all_sites: Sequence[Site]) -> Tuple[List[
         if not sites:
             continue
         wanted = {s.name: cfg.activations for s in sites}
+        include = cfg.special_tokens is SpecialTokens.INCLUDE
         reasons = []
         for group in groups:
             merged, reason = merge_collection_specs(group.specs, wanted)
+            if group.include_special != include:
+                merged, reason = None, "one calibrates on the BOS/EOS rows too (special_tokens='include'), one not"
             if merged is not None:
                 group.specs = merged
                 break
             reasons.append(f"cannot share the pass of {', '.join(group.recipes)}: {reason}")
         else:
-            group = _Group()
+            group = _Group(include_special=include)
             groups.append(group)
             group.specs = dict(wanted)
             if reasons:

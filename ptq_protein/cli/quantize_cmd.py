@@ -99,10 +99,11 @@ def run(args: argparse.Namespace) -> int:
         qmodel = run_auto(args, loaded, budget)
     else:
         target, alpha_search = _tuned_recipe(args, loaded, recipe, alpha, crop)
+        # Without recipes to compare, the float model is calibrated and quantized in place (no second copy).
         passes, separate = calibrate_recipes(loaded.model, [target, *compare], args.calib,
                                              batch_size=args.batch_size, progress=show_progress(args),
-                                             num_recycles=args.num_recycles, calib_max_length=crop)
-        # Without recipes to compare, the float model is quantized in place (no second copy in memory).
+                                             num_recycles=args.num_recycles, calib_max_length=crop,
+                                             inplace=not compare)
         qmodel = pp.quantize(loaded.model, target, calibration=args.calib, statistics=passes[recipe],
                              backend=args.backend, batch_size=args.batch_size, progress=show_progress(args),
                              num_recycles=args.num_recycles, calib_max_length=crop, inplace=not compare)

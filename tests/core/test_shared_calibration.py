@@ -95,3 +95,35 @@ def test_study_recipes_share_one_batch_1_pass_and_equal_calibrating_alone(esm2, 
         pp.get_preset("study-a8-pwlq").activations, topk=9))
     with pytest.raises(ValueError, match="top-9"):
         pp.quantize(esm2, narrow, statistics=passes["study-a8-pwlq"])
+
+
+def test_bos_eos_in_the_statistics_is_a_pass_of_its_own(esm2, seqs):
+    include = pp.get_preset("w8a8-uniform").replace(name="uniform-include", special_tokens="include")
+    passes, notes = shared_calibration.calibrate_recipes(esm2, ["w8a8-uniform", include], seqs, batch_size=2)
+    assert passes["uniform-include"] is not passes["w8a8-uniform"] and "BOS/EOS" in notes["uniform-include"]
+    shared = pp.quantize(esm2, include, statistics=passes["uniform-include"])
+    alone = pp.quantize(esm2, include, calibration=seqs, batch_size=2)
+    torch.testing.assert_close(_logits(shared, seqs), _logits(alone, seqs), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="BOS/EOS"):
+        pp.quantize(esm2, include, statistics=passes["w8a8-uniform"])
+
+
+def test_inplace_passes_need_no_copy_and_equal_the_copy(esm2, seqs, monkeypatch):
+    import copy
+
+    before = {k: v.clone() for k, v in esm2.state_dict().items()}
+    copied, _ = shared_calibration.calibrate_recipes(esm2, ["w8a8-pwlq"], seqs, batch_size=2)
+
+    real_deepcopy = copy.deepcopy
+
+    def no_model_copy(obj, *args, **kwargs):
+        assert not isinstance(obj, torch.nn.Module), "inplace calibration copied the model"
+        return real_deepcopy(obj, *args, **kwargs)
+
+    monkeypatch.setattr(copy, "deepcopy", no_model_copy)
+    inplace, _ = shared_calibration.calibrate_recipes(esm2, ["w8a8-pwlq"], seqs, batch_size=2, inplace=True)
+    monkeypatch.undo()
+    assert all(v.equal(esm2.state_dict()[k]) for k, v in before.items())  # hooks only: weights untouched
+    a = pp.quantize(esm2, "w8a8-pwlq", statistics=copied["w8a8-pwlq"])
+    b = pp.quantize(esm2, "w8a8-pwlq", statistics=inplace["w8a8-pwlq"])
+    torch.testing.assert_close(_logits(a, seqs), _logits(b, seqs), rtol=0, atol=0)
