@@ -29,7 +29,7 @@ import functools
 import logging
 import mmap as _mmap
 import sys
-from typing import Iterable, Iterator, Optional
+from typing import Iterable, Iterator, List, Optional
 
 import torch
 from torch import nn
@@ -125,23 +125,44 @@ def release_after_forward(model: nn.Module, mapped: Optional[MappedFile]) -> Ite
         yield
         return
     handles = []
+    floor = [resident_bytes()]
     try:
         for module in model.modules():
             own = [p for p in module.parameters(recurse=False) if mapped.contains(p)]
             if own and not any(True for _ in module.children()):
-                handles.append(module.register_forward_hook(_releaser(mapped, own)))
+                handles.append(module.register_forward_hook(_releaser(mapped, own, floor)))
         yield
     finally:
         for handle in handles:
             handle.remove()
 
 
-def _releaser(mapped: MappedFile, params):
+# Resident growth (bytes) since the last heap trim that triggers the next one during a mapped in-place pass.
+# glibc keeps the freed activations of a deep forward (ESMFold's 48 trunk blocks) in fragmented heap instead of
+# returning them: the ESMFold-sized trunk's calibration reached 4.9x its checkpoint's size without trims
+# (BENCHMARKS.md, issue 13). Trimming costs page faults later, so only on growth, not on every layer.
+TRIM_GROWTH = 256 * 2**20
+
+
+def _releaser(mapped: MappedFile, params, floor: List[int]):
     def hook(module, args, output):
         mapped.release(params)
+        now = resident_bytes()
+        if now > floor[0] + TRIM_GROWTH:
+            trim_heap()
+            floor[0] = resident_bytes()
         return None  # a forward hook's return value would replace the output
 
     return hook
+
+
+def resident_bytes() -> int:
+    """This process's resident set size (``/proc/self/statm``; 0 where there is none)."""
+    try:
+        with open("/proc/self/statm", "rb") as handle:
+            return int(handle.read().split()[1]) * _mmap.PAGESIZE
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def trim_heap() -> None:

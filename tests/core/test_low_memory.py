@@ -109,3 +109,23 @@ def test_cli_low_memory_writes_the_default_modes_artifact(tmp_path):
     a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert main(["quantize", "tiny-esm2", "--low-memory", "--out", str(tmp_path / "c")]) == 2
+
+
+def test_mapped_forward_trims_the_heap_only_after_resident_growth(tmp_path, monkeypatch):
+    from ptq_protein.models import mapped as mapped_mod
+
+    path = _write_fair_esm2(tmp_path / "m.pt", seed=3)
+    loaded = load_model(path, mmap=True)
+    resident, trims = [1000], []
+    monkeypatch.setattr(mapped_mod, "resident_bytes", lambda: resident[0])
+    monkeypatch.setattr(mapped_mod, "trim_heap", lambda: trims.append(resident[0]))
+    monkeypatch.setattr(mapped_mod, "TRIM_GROWTH", 100)
+    tokens = torch.tensor([[0, 5, 6, 7, 2]])
+    with torch.no_grad(), mapped_mod.release_after_forward(loaded.model, mapped_file_of(loaded.model)):
+        loaded.model(tokens)
+        assert trims == []  # no growth: no trim (trimming costs page faults later)
+        resident[0] = 1101
+        loaded.model(tokens)
+        assert trims == [1101]  # grew past the threshold: one trim, and the floor moves with it
+        loaded.model(tokens)
+        assert trims == [1101]
