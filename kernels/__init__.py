@@ -8,6 +8,7 @@ Public functions (plain tensors in, tensor out), each with ``backend="auto" |
 * :func:`quantize_per_token`, :func:`quantize_per_tensor` - activations to int8 (``quantize``)
 * :func:`pwlq_quantize`, :func:`pwlq_linear` - piecewise-affine codes (``pwlq_encode``, ``pwlq_gemm``)
 * :class:`Int8Linear` - W8A8 ``nn.Linear`` stand-in (``linear_module``)
+* :func:`fp8_linear` - FP8 GEMM through ``torch._scaled_mm`` (``fp8_gemm``; no Triton)
 
 Importing this package imports neither Triton nor a kernel module; the first
 attribute access imports the one module it needs. Set ``TRITON_INTERPRET=1``
@@ -20,6 +21,8 @@ import importlib
 
 __all__ = [
     "Int8Linear",
+    "fp8_gemm_supported",
+    "fp8_linear",
     "int4_linear",
     "int8_linear",
     "int8_matmul_int32",
@@ -33,6 +36,8 @@ __all__ = [
 
 _HOME = {
     "Int8Linear": "linear_module",
+    "fp8_gemm_supported": "fp8_gemm",
+    "fp8_linear": "fp8_gemm",
     "int4_linear": "int4_gemm",
     "int8_linear": "int8_gemm",
     "int8_matmul_int32": "int8_gemm",

@@ -93,7 +93,9 @@ def gemm_row(case: Case, device, cuda: bool) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from ptq_protein.kernels import int4_linear, int8_linear, pack_int4, pwlq_linear, quantize_per_token
+    from ptq_protein.kernels import (fp8_gemm_supported, fp8_linear, int4_linear, int8_linear, pack_int4, pwlq_linear,
+                                     quantize_per_token)
+    from ptq_protein.quant.fp8 import fp8_per_token, fp8_quantize, fp8_scale
 
     gen = torch.Generator(device=device).manual_seed(case.m + case.k + case.n)
     x = torch.randn(case.m, case.k, device=device, generator=gen).to(torch.bfloat16)
@@ -120,6 +122,11 @@ def gemm_row(case: Case, device, cuda: bool) -> dict:
                                     check_codes=False),
         "w4a8": lambda: int4_linear(x_q, x_s, None, packed, w_s, case.k, b, out_dtype=torch.bfloat16),
     }
+    if fp8_gemm_supported(x.device):  # FP8 E4M3 (per-token x, per-channel w) in torch._scaled_mm, beside int8
+        x8, x8_s = fp8_per_token(x.float(), "e4m3")
+        w8_s = fp8_scale(w.float().abs().amax(1), "e4m3")
+        w8 = fp8_quantize(w.float(), w8_s[:, None], "e4m3")
+        impls["fp8"] = lambda: fp8_linear(x8, x8_s, w8, w8_s, b, out_dtype=torch.bfloat16)
     return {name: _guard(lambda fn=fn: bench_ms(fn, cuda)) for name, fn in impls.items()}
 
 
@@ -198,13 +205,13 @@ def _ratio(num, den) -> str:
 def gemm_table(rows: list[tuple[Case, dict]]) -> str:
     head = ("| model | layer | M | K | N | bf16 ms | bf16 TFLOP/s | _int_mm ms | _int_mm TOP/s | W8A8 ms | "
             "W8A8 TOP/s | W8A8 vs bf16 | W8A8 vs _int_mm | W8A8+quant ms | PWLQ ms | PWLQ TOP/s | W4A8 ms | "
-            "W4A8 TOP/s |")
+            "W4A8 TOP/s | FP8 ms | FP8 vs W8A8 |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for c, r in rows:
         cells = [c.model, c.layer, c.m, c.k, c.n, _fmt(r["bf16"]), _tflops(c, r["bf16"]), _fmt(r["int_mm"]),
                  _tflops(c, r["int_mm"]), _fmt(r["w8a8"]), _tflops(c, r["w8a8"]), _ratio(r["bf16"], r["w8a8"]),
                  _ratio(r["int_mm"], r["w8a8"]), _fmt(r["w8a8+quant"]), _fmt(r["pwlq"]), _tflops(c, r["pwlq"]),
-                 _fmt(r["w4a8"]), _tflops(c, r["w4a8"])]
+                 _fmt(r["w4a8"]), _tflops(c, r["w4a8"]), _fmt(r.get("fp8", "-")), _ratio(r["w8a8"], r.get("fp8"))]
         lines.append("| " + " | ".join(str(x) for x in cells) + " |")
     return "\n".join(lines)
 
