@@ -71,6 +71,7 @@ class MappedFile:
         self._ends = [spans[s][0] for s in self._starts]
         self.anchors = [spans[s][1] for s in self._starts]  # views only: they keep the mapping, not its pages
         self.released_bytes = 0
+        self._trim_floor = resident_bytes()
 
     def contains(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor``'s storage is one of the recorded (file-mapped) storages or inside one."""
@@ -97,7 +98,21 @@ class MappedFile:
             if hi > lo and fn(lo, hi - lo, _MADV_DONTNEED) == 0:
                 total += hi - lo
         self.released_bytes += total
+        self._trim_if_grown()
         return total
+
+    def _trim_if_grown(self) -> None:
+        """Trim glibc's heap once resident memory grew by :data:`TRIM_GROWTH` since the last trim.
+
+        Freed activations of a deep forward (ESMFold's 48 trunk blocks) and the float
+        temporaries of weight rounding stay in fragmented heap instead of going back to
+        the OS: the ESMFold-sized trunk's calibration reached 4.9x its checkpoint's size
+        without trims (BENCHMARKS.md, issue 13). A trim costs page faults later, so it
+        runs on growth, not on every release.
+        """
+        if resident_bytes() > self._trim_floor + TRIM_GROWTH:
+            trim_heap()
+            self._trim_floor = resident_bytes()
 
 
 def attach_mapping(model: nn.Module, tensors: Iterable[torch.Tensor]) -> None:
@@ -125,32 +140,24 @@ def release_after_forward(model: nn.Module, mapped: Optional[MappedFile]) -> Ite
         yield
         return
     handles = []
-    floor = [resident_bytes()]
     try:
         for module in model.modules():
             own = [p for p in module.parameters(recurse=False) if mapped.contains(p)]
             if own and not any(True for _ in module.children()):
-                handles.append(module.register_forward_hook(_releaser(mapped, own, floor)))
+                handles.append(module.register_forward_hook(_releaser(mapped, own)))
         yield
     finally:
         for handle in handles:
             handle.remove()
 
 
-# Resident growth (bytes) since the last heap trim that triggers the next one during a mapped in-place pass.
-# glibc keeps the freed activations of a deep forward (ESMFold's 48 trunk blocks) in fragmented heap instead of
-# returning them: the ESMFold-sized trunk's calibration reached 4.9x its checkpoint's size without trims
-# (BENCHMARKS.md, issue 13). Trimming costs page faults later, so only on growth, not on every layer.
-TRIM_GROWTH = 256 * 2**20
+# Resident growth (bytes) since the last heap trim that triggers the next one (see MappedFile._trim_if_grown).
+TRIM_GROWTH = 128 * 2**20
 
 
-def _releaser(mapped: MappedFile, params, floor: List[int]):
+def _releaser(mapped: MappedFile, params):
     def hook(module, args, output):
         mapped.release(params)
-        now = resident_bytes()
-        if now > floor[0] + TRIM_GROWTH:
-            trim_heap()
-            floor[0] = resident_bytes()
         return None  # a forward hook's return value would replace the output
 
     return hook

@@ -120,8 +120,10 @@ def test_mapped_forward_trims_the_heap_only_after_resident_growth(tmp_path, monk
     monkeypatch.setattr(mapped_mod, "resident_bytes", lambda: resident[0])
     monkeypatch.setattr(mapped_mod, "trim_heap", lambda: trims.append(resident[0]))
     monkeypatch.setattr(mapped_mod, "TRIM_GROWTH", 100)
+    handle = mapped_file_of(loaded.model)
+    handle._trim_floor = 1000
     tokens = torch.tensor([[0, 5, 6, 7, 2]])
-    with torch.no_grad(), mapped_mod.release_after_forward(loaded.model, mapped_file_of(loaded.model)):
+    with torch.no_grad(), mapped_mod.release_after_forward(loaded.model, handle):
         loaded.model(tokens)
         assert trims == []  # no growth: no trim (trimming costs page faults later)
         resident[0] = 1101
