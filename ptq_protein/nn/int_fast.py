@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ptq_protein.nn import cpu_int8
-from ptq_protein.nn.fused import fused_call, piecewise_codes, uniform_codes
+from ptq_protein.nn.fused import fused_call, piecewise_codes, piecewise_zero_code, uniform_codes
 from ptq_protein.quant.uniform import qrange
 
 __all__ = ["fast_linear", "prepack_module", "encode_codes"]
@@ -37,11 +37,21 @@ def encode_codes(quant, x2: torch.Tensor) -> tuple:
     xf = x2 if x2.dtype == torch.float64 else x2.to(torch.float32)
     if quant.spec.scheme.value == "pwlq":
         thresholds, table = quant._region_table(xf.device)
-        codes = fused_call(piecewise_codes, xf, thresholds.to(xf.dtype), table)
+        thresholds = thresholds.to(xf.dtype)
+        codes = fused_call(piecewise_codes, xf, thresholds, table, _zero_code(quant, thresholds, table))
         return codes, ("pwlq", quant.codebook)
     qmin, qmax = qrange(quant.spec.bits, quant.spec.symmetric)
     codes = fused_call(uniform_codes, xf, quant.scale, quant.zero_point, qmin, qmax)
     return codes, ("uniform", quant.scale, quant.zero_point)
+
+
+def _zero_code(quant, thresholds: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """The code NaN takes, cached per region table (rebuilt with it after a move)."""
+    cached = getattr(quant, "_zero_code", None)
+    if cached is None or cached[0] is not table or cached[1].dtype != thresholds.dtype:
+        cached = (table, piecewise_zero_code(thresholds, table))
+        quant._zero_code = cached
+    return cached[1]
 
 
 def _plan(module, packed: cpu_int8.Packed, cb) -> cpu_int8.PwlqPlan:
