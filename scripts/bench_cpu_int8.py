@@ -109,7 +109,7 @@ def time_forwards(models: Dict[str, torch.nn.Module], tokens: torch.Tensor, reps
 
 def tail_rates(model, tokens: torch.Tensor) -> Dict[str, float]:
     """Share of PWLQ codes outside the base region, and of rows holding one, over every int8 PWLQ site."""
-    from ptq_protein.nn import cpu_int8
+    from ptq_protein.nn import cpu_pwlq
     from ptq_protein.nn.int_fast import encode_codes, prepack_module
     from ptq_protein.nn.modules import QuantLinear
 
@@ -119,7 +119,7 @@ def tail_rates(model, tokens: torch.Tensor) -> Dict[str, float]:
     def hook(mod, args):
         x = args[0].reshape(-1, args[0].shape[-1])
         codes, params = encode_codes(mod.input_quant, x)
-        plan = cpu_int8.pwlq_plan(params[1], prepack_module(mod), None)
+        plan = cpu_pwlq.pwlq_plan(params[1], prepack_module(mod), None)
         out = (codes < plan.base_lo) | (codes > plan.base_hi)
         counts["codes"] += out.numel()
         counts["outside"] += int(out.sum())

@@ -42,7 +42,7 @@ from typing import Callable, Dict, Optional
 import torch
 
 __all__ = ["FusedSettings", "configure", "settings", "fused_call", "padded_regions", "piecewise_codes", "piecewise_fake",
-           "piecewise_zero_code",
+           "piecewise_zero_code", "region_mask", "region_operand",
            "uniform_codes", "uniform_fake"]
 
 log = logging.getLogger(__name__)
@@ -236,3 +236,20 @@ def piecewise_codes(x: torch.Tensor, thresholds: torch.Tensor, table: torch.Tens
 def piecewise_zero_code(thresholds: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """The (float, 0-d) code of 0.0, which NaN takes, in thresholds' dtype."""
     return _region_codes(torch.zeros((), dtype=thresholds.dtype, device=thresholds.device), thresholds, table)[2]
+
+
+def region_operand(codes: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
+    """Int8 ``codes - bounds[2]`` where ``bounds[0] <= codes <= bounds[1]``, else 0 (a PWLQ region's operand).
+
+    ``bounds`` int32 [3]; the caller guarantees the shifted codes fit in int8.
+    """
+    q = codes.to(torch.int32)
+    inside = (q >= bounds[0]) & (q <= bounds[1])
+    return torch.where(inside, q - bounds[2], torch.zeros((), dtype=torch.int32, device=q.device)).to(torch.int8)
+
+
+def region_mask(codes: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
+    """Int8 indicator of ``bounds[0] <= codes <= bounds[1]`` (a PWLQ region's offset operand)."""
+    q = codes.to(torch.int32)
+    one, zero = torch.ones((), dtype=torch.int32, device=q.device), torch.zeros((), dtype=torch.int32, device=q.device)
+    return torch.where((q >= bounds[0]) & (q <= bounds[1]), one, zero).to(torch.int8)  # bool.to(int8): a scalar loop

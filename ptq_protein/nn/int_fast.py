@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ptq_protein.nn import cpu_int8
+from ptq_protein.nn import cpu_int8, cpu_pwlq
 from ptq_protein.nn.fused import fused_call, piecewise_codes, piecewise_zero_code, uniform_codes
 from ptq_protein.quant.uniform import qrange
 
@@ -54,10 +54,10 @@ def _zero_code(quant, thresholds: torch.Tensor, table: torch.Tensor) -> torch.Te
     return cached[1]
 
 
-def _plan(module, packed: cpu_int8.Packed, cb) -> cpu_int8.PwlqPlan:
+def _plan(module, packed: cpu_int8.Packed, cb) -> cpu_pwlq.PwlqPlan:
     cache = module._int_cache
     if cache.get("pwlq_book") is not cb:
-        cache["pwlq_plan"] = cpu_int8.pwlq_plan(cb, packed, module.bias)
+        cache["pwlq_plan"] = cpu_pwlq.pwlq_plan(cb, packed, module.bias)
         cache["pwlq_book"] = cb
     return cache["pwlq_plan"]
 
@@ -69,7 +69,7 @@ def fast_linear(module, x: torch.Tensor) -> torch.Tensor:
     codes, params = encode_codes(module.input_quant, x.reshape(-1, shape[-1]))
     bias = None if module.bias is None else module.bias.to(torch.float32)
     if params[0] == "pwlq":
-        y = cpu_int8.pwlq_linear(codes, _plan(module, packed, params[1]), packed)
+        y = cpu_pwlq.pwlq_linear(codes, _plan(module, packed, params[1]), packed)
     elif module.input_quant.is_static:
         y = cpu_int8.static_linear(codes, packed, float(params[1]), int(params[2]), bias)
     else:

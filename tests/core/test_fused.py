@@ -221,3 +221,20 @@ def test_compiled_codes_match_encoders(fused_mode, cb):
             got = encode_codes(q, x)[0]
             assert fused._broken is None, fused._broken
             assert got.dtype == torch.int8 and torch.equal(got, q.encode(x)[0].to(torch.int8))
+
+
+@pytest.mark.parametrize("bounds", [(-128, -97, 0), (9, 103, 8), (104, 127, 104), (-5, 5, -3)])
+def test_compiled_region_operands_match_eager(fused_mode, bounds):
+    """PWLQ region operands (nn.cpu_pwlq): the compiled passes equal a plain int64 evaluation on every code."""
+    fused_mode("on")
+    codes = torch.arange(-128, 128, dtype=torch.int8).repeat(3)
+    lo, hi, shift = bounds
+    inside = (codes.long() >= lo) & (codes.long() <= hi)
+    b = torch.tensor(bounds, dtype=torch.int32)
+    with torch.no_grad():
+        operand = fused.fused_call(fused.region_operand, codes, b)
+        mask = fused.fused_call(fused.region_mask, codes, b)
+    assert fused._broken is None, fused._broken
+    assert operand.dtype == mask.dtype == torch.int8
+    assert torch.equal(operand.long(), torch.where(inside, codes.long() - shift, 0))
+    assert torch.equal(mask.long(), inside.long())
