@@ -70,7 +70,7 @@ def _fast_ok(module, x: torch.Tensor) -> bool:
     """The site is one the oneDNN path handles: CPU, symmetric weights, scalar static scale or per-token."""
     if module.engine is Engine.REFERENCE or x.device.type != "cpu" or module.weight_codebook is not None:
         return False
-    if not _onednn_available() or bool((module.weight_zero_point != 0).any()):
+    if not _onednn_available() or not module.symmetric_weight_codes():
         return False
     quant = module.input_quant
     if quant.spec.scheme.value == "pwlq":
@@ -104,7 +104,7 @@ def float_rows_linear(module, rows: torch.Tensor) -> torch.Tensor:
     ``F.linear(rows, (codes - 0) * w_scale)`` up to float32 rounding. Weight
     codebooks and asymmetric weights take the dequantized weight.
     """
-    if module.weight_codebook is not None or bool((module.weight_zero_point != 0).any()):
+    if not module.symmetric_weight_codes():
         return F.linear(rows, module.dequantized_weight(rows.dtype), module.bias)
     packed = module._int_cache.get("packed")
     codes = packed.weight.to_dense() if packed is not None else weight_codes(module).t().contiguous()

@@ -309,11 +309,22 @@ class QuantLinear(nn.Module):
             w = pwlq_dequantize(codes, self.weight_codebook)
         elif self.weight_spec.scheme is Scheme.FP8:
             w = fp8_dequantize(codes, self.weight_scale)
+        elif self.symmetric_weight_codes():  # one pass, the same float32 values as (codes - 0) * scale
+            w = torch.mul(codes, self.weight_scale)
         else:
             w = dequantize(codes, self.weight_scale, self.weight_zero_point)
         w = w.to(dtype)
         self._dequantized = w if self.cache_dequantized else None
         return w
+
+    def symmetric_weight_codes(self) -> bool:
+        """Uniform int8 weight codes whose zero points are all 0 (cached until a move or a state-dict load)."""
+        cache = self._int_cache
+        if "symmetric" not in cache:
+            zero = getattr(self, "weight_zero_point", None)
+            cache["symmetric"] = (self.weight_codebook is None and zero is not None
+                                  and self.weight_codes.dtype == torch.int8 and not bool((zero != 0).any()))
+        return cache["symmetric"]
 
     def _apply(self, fn, recurse=True):  # device/dtype moves invalidate the caches
         self._dequantized = None
