@@ -12,9 +12,13 @@ residual offset folds into the bias once. ``Q_r`` holds region ``r``'s codes
 (else 0), ``M_r`` its indicator. Each other region is then evaluated where it is:
 
 * **tails** (codes in few columns: the outlier channels): every such region's
-  correction in ONE float64 GEMM over those columns only, ``V [M, C] @ W[:, cols]^T``
-  with ``V = sum_r (s_r - s_b) Q_r + (o_r - o_b) M_r`` (exact to float64 rounding,
-  ~1e-16; the weight columns come from the prepacked copy's dense form);
+  correction in ONE float32 GEMM over those columns only, accumulated into the
+  output by BLAS (``addmm_``): ``V [M, C] @ (W[:, cols]^T * w_scale)`` with
+  ``V = sum_r (s_r - s_b) Q_r + (o_r - o_b) M_r``, both factors formed in float64
+  and rounded once (float32 rounding of the tail terms, ~1e-7 relative, like the
+  epilogue; the weight columns come from the prepacked copy's dense form). A
+  float64 product was exact to 1e-16 but its conversion pass over ``[M, N]`` cost
+  more than two int8 GEMMs;
 * **dense** regions (the other centre piece; fc2's negative pieces): int8
   GEMMs against the prepacked weight, on the rows that hold the region (all of
   them, usually). When region ``r``'s line meets the base line at an integer
@@ -74,7 +78,7 @@ class PwlqOperands(NamedTuple):
 
     dense: List[Tuple[float, Optional[torch.Tensor], torch.Tensor]]  # (coefficient, rows or None, int8 operand)
     cols: Optional[torch.Tensor]  # columns of the tail regions' codes
-    tails: Optional[torch.Tensor]  # float64 [M, C]: sum over tail regions of dq * q + dm on their codes
+    tails: Optional[torch.Tensor]  # float64 [M, C]: dq * q + dm of the tail region holding each code, else 0
 
 
 def _hinge(lo: int, hi: int, dq: float, dm: float) -> Optional[int]:
@@ -116,18 +120,20 @@ def _dense_operands(codes: torch.Tensor, region: PwlqRegion, rows: Optional[torc
 
 
 def _tail_operand(codes: torch.Tensor, tails: List[PwlqRegion], cols: torch.Tensor) -> torch.Tensor:
-    sub = codes.index_select(1, cols).to(torch.float64)
-    out = torch.zeros_like(sub)
+    """Float64 ``[M, C]``: each code's correction ``dq * q + dm`` when it lies in a tail region, else 0 (one gather)."""
+    table = torch.zeros(256, dtype=torch.float64, device=codes.device)  # indexed by code + 128
     for r in tails:
-        out += torch.where((sub >= r.lo) & (sub <= r.hi), r.dq * sub + r.dm, 0.0)
-    return out
+        q = torch.arange(r.lo, r.hi + 1, dtype=torch.float64, device=codes.device)
+        table[r.lo + 128:r.hi + 129] = r.dq * q + r.dm
+    sub = codes.index_select(1, cols)
+    return table[sub.to(torch.int64) + 128]
 
 
 def pwlq_operands(codes: torch.Tensor, plan: PwlqPlan) -> PwlqOperands:
     """Sort the non-base regions into tails (few columns) and dense ones, and build their operands."""
     m, k = codes.shape
     col_lo, col_hi = codes.amin(dim=0), codes.amax(dim=0)
-    row_lo, row_hi = codes.amin(dim=1), codes.amax(dim=1)
+    row_range = None
     dense, tails, tail_cols = [], [], None
     for r in plan.regions:
         cols = (col_hi >= r.lo) & (col_lo <= r.hi)  # columns that may hold a code of r (a superset)
@@ -138,7 +144,8 @@ def pwlq_operands(codes: torch.Tensor, plan: PwlqPlan) -> PwlqOperands:
             tails.append(r)
             tail_cols = cols if tail_cols is None else tail_cols | cols
             continue
-        rows = ((row_hi >= r.lo) & (row_lo <= r.hi)).nonzero().flatten()
+        row_range = row_range or (codes.amin(dim=1), codes.amax(dim=1))
+        rows = ((row_range[1] >= r.lo) & (row_range[0] <= r.hi)).nonzero().flatten()
         dense += _dense_operands(codes, r, None if rows.numel() > _SPARSE_ROWS * m else rows)
     if not tails:
         return PwlqOperands(dense, None, None)
@@ -155,7 +162,7 @@ def pwlq_linear(codes: torch.Tensor, plan: PwlqPlan, packed: Packed) -> torch.Te
             gemm_add_(y, operand, packed, coef)
         else:
             y.index_add_(0, rows, gemm(operand, packed, coef))
-    if ops.tails is not None:
-        weight = packed.weight.to_dense().index_select(0, ops.cols).to(torch.float64)  # [C, N] codes
-        y += (ops.tails @ weight).mul_(packed.w_scale.double()).to(torch.float32)
+    if ops.tails is not None:  # y += tails @ (codes[cols] * w_scale): one BLAS call accumulating into y
+        weight = packed.weight.to_dense().index_select(0, ops.cols).to(torch.float64).mul_(packed.w_scale.double())
+        y.addmm_(ops.tails.to(torch.float32), weight.to(torch.float32))
     return y
