@@ -14,7 +14,7 @@ import torch
 
 from ptq_protein.nn import cpu_int8, cpu_pwlq
 from ptq_protein.nn.fused import fused_call, piecewise_codes, piecewise_zero_code, uniform_codes
-from ptq_protein.quant.uniform import qrange
+from ptq_protein.quant.uniform import choose_qparams, qrange
 
 __all__ = ["fast_linear", "prepack_module", "encode_codes"]
 
@@ -31,10 +31,12 @@ def prepack_module(module) -> cpu_int8.Packed:
 
 def encode_codes(quant, x2: torch.Tensor) -> tuple:
     """``quant.encode(x2)`` for ``x2 [M, K]``: static codes in one fused pass, dynamic ones eagerly."""
-    if not quant.is_static:
-        codes, params = quant.encode(x2)
-        return codes.to(torch.int8), params
     xf = x2 if x2.dtype == torch.float64 else x2.to(torch.float32)
+    if not quant.is_static:
+        if quant.spec.granularity.value != "per_token" or quant.spec.scheme.value != "uniform":
+            codes, params = quant.encode(x2)
+            return codes.to(torch.int8), params
+        return _per_token_codes(quant, xf)
     if quant.spec.scheme.value == "pwlq":
         thresholds, table = quant._region_table(xf.device)
         thresholds = thresholds.to(xf.dtype)
@@ -43,6 +45,16 @@ def encode_codes(quant, x2: torch.Tensor) -> tuple:
     qmin, qmax = qrange(quant.spec.bits, quant.spec.symmetric)
     codes = fused_call(uniform_codes, xf, quant.scale, quant.zero_point, qmin, qmax)
     return codes, ("uniform", quant.scale, quant.zero_point)
+
+
+def _per_token_codes(quant, xf: torch.Tensor) -> tuple:
+    """:func:`~ptq_protein.quant.uniform.dynamic_per_token`: the same row ranges and parameters, the codes in one
+    compiled pass over ``[M, K]`` (per-row scale and zero point) instead of six eager ones."""
+    lo, hi = torch.aminmax(xf, dim=-1, keepdim=True)
+    scale, zero = choose_qparams(lo, hi, quant.spec.bits, quant.spec.symmetric)
+    qmin, qmax = qrange(quant.spec.bits, quant.spec.symmetric)
+    codes = fused_call(uniform_codes, xf, scale, zero, qmin, qmax, channels=True)
+    return codes, ("uniform", scale, zero)
 
 
 def _zero_code(quant, thresholds: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
