@@ -14,7 +14,7 @@ import torch
 
 from ptq_protein.nn import cpu_int8, cpu_pwlq
 from ptq_protein.nn.fused import fused_call, piecewise_codes, piecewise_zero_code, uniform_codes
-from ptq_protein.quant.uniform import choose_qparams, qrange
+from ptq_protein.quant.uniform import per_token_qparams, qrange
 
 __all__ = ["fast_linear", "prepack_module", "encode_codes"]
 
@@ -50,8 +50,7 @@ def encode_codes(quant, x2: torch.Tensor) -> tuple:
 def _per_token_codes(quant, xf: torch.Tensor) -> tuple:
     """:func:`~ptq_protein.quant.uniform.dynamic_per_token`: the same row ranges and parameters, the codes in one
     compiled pass over ``[M, K]`` (per-row scale and zero point) instead of six eager ones."""
-    lo, hi = torch.aminmax(xf, dim=-1, keepdim=True)
-    scale, zero = choose_qparams(lo, hi, quant.spec.bits, quant.spec.symmetric)
+    scale, zero = per_token_qparams(xf, quant.spec.bits, quant.spec.symmetric)
     qmin, qmax = qrange(quant.spec.bits, quant.spec.symmetric)
     codes = fused_call(uniform_codes, xf, scale, zero, qmin, qmax, channels=True)
     return codes, ("uniform", scale, zero)
