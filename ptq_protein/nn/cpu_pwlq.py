@@ -132,6 +132,8 @@ def _tail_operand(codes: torch.Tensor, tails: List[PwlqRegion], cols: torch.Tens
 def pwlq_operands(codes: torch.Tensor, plan: PwlqPlan) -> PwlqOperands:
     """Sort the non-base regions into tails (few columns) and dense ones, and build their operands."""
     m, k = codes.shape
+    if m == 0:
+        return PwlqOperands([], None, None)
     col_lo, col_hi = codes.amin(dim=0), codes.amax(dim=0)
     row_range = None
     dense, tails, tail_cols = [], [], None

@@ -103,6 +103,13 @@ def test_pwlq_matches_reference(m, k, n, book, tails):
     assert _rel(y, exact) <= 1e-6
 
 
+def test_pwlq_empty_batch():
+    cb = _books()[1]
+    packed = cpu_int8.prepack(_codes(9, 24, torch.Generator().manual_seed(1), -127), torch.ones(9))
+    y = cpu_pwlq.pwlq_linear(torch.zeros(0, 24, dtype=torch.int8), cpu_pwlq.pwlq_plan(cb, packed, None), packed)
+    assert y.shape == (0, 9)
+
+
 def test_gemm_add_accumulates_in_place():
     gen = torch.Generator().manual_seed(5)
     a, w = _codes(33, 67, gen), _codes(40, 67, gen, -127)
