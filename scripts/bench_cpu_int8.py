@@ -88,8 +88,12 @@ def build_models(model, seqs: Sequence[str], presets: Sequence[str], reference: 
     return models
 
 
-def time_forwards(models: Dict[str, torch.nn.Module], tokens: torch.Tensor, reps: int) -> Dict[str, float]:
-    """Median seconds per model over ``reps`` interleaved rounds (after one warm-up forward each)."""
+def time_forwards(models: Dict[str, torch.nn.Module], tokens: torch.Tensor, reps: int) -> Dict[str, tuple]:
+    """(median, fastest) seconds and engine per model over ``reps`` interleaved rounds (after one warm-up each).
+
+    On a shared machine the fastest round is the one least disturbed by other
+    processes; the goals are judged on the medians.
+    """
     import ptq_protein as pp
 
     times: Dict[str, List[float]] = {name: [] for name in models}
@@ -104,7 +108,7 @@ def time_forwards(models: Dict[str, torch.nn.Module], tokens: torch.Tensor, reps
                 start = time.perf_counter()
                 models[name](tokens)
                 times[name].append(time.perf_counter() - start)
-    return {name: (statistics.median(v), engines[name]) for name, v in times.items()}
+    return {name: (statistics.median(v), min(v), engines[name]) for name, v in times.items()}
 
 
 def tail_rates(model, tokens: torch.Tensor) -> Dict[str, float]:
@@ -221,15 +225,16 @@ def bench_memory(threads: int, quick: bool) -> Dict[str, dict]:
 
 
 def forward_rows(t: Dict[str, tuple], goals: Dict[str, float]) -> List[list]:
-    fp = t["FP32"][0]
+    fp, fp_min = t["FP32"][:2]
     rows = []
-    for name, (sec, engine) in t.items():
+    for name, (sec, fastest, engine) in t.items():
         preset = name.split(",")[0]
         goal = goals.get(preset) if name.endswith("int8 fast") else None
         met = "" if goal is None else f"<= {goal}x: {'met' if sec / fp <= goal else 'NOT met'}"
         if name.endswith("int8 fast") and preset == "w8a8-uniform":
             met += f"; faster than bf16: {'yes' if sec < t['FP model in bf16'][0] else 'NO'}"
-        rows.append([name, engine or "-", round(sec * 1000, 1), f"{sec / fp:.2f}x", met])
+        rows.append([name, engine or "-", round(sec * 1000, 1), f"{sec / fp:.2f}x", round(fastest * 1000, 1),
+                     f"{fastest / fp_min:.2f}x", met])
     return rows
 
 
@@ -290,7 +295,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                           [p for p in args.reference.split(",") if p])
     goals = GOALS_VNNI if "VNNI)" in facts and "no VNNI" not in facts else GOALS_AVX2
     t = time_forwards(models, tokens, args.reps)
-    print(markdown_table(["model", "engine", "forward ms (median)", "vs FP32", "goal"], forward_rows(t, goals)) + "\n")
+    print(markdown_table(["model", "engine", "forward ms (median)", "vs FP32", "fastest ms", "vs FP32 (fastest)",
+                          "goal (on medians)"], forward_rows(t, goals)) + "\n")
     if "w8a8-pwlq" in presets:
         print("## PWLQ sites: codes outside the base region, int8 GEMMs per site, tail columns (mean)\n")
         print(markdown_table(["model", "codes outside base", "int8 GEMMs per site", "sites with a tail GEMM",
