@@ -1,4 +1,4 @@
-"""PWLQ sites on the CPU fast path: oneDNN int8 GEMMs for the dense regions, a small float64 GEMM for the tails.
+"""PWLQ sites on the CPU fast path: oneDNN int8 GEMMs for the dense regions, one small float GEMM for the tails.
 
 The GPU kernel's region decomposition (``kernels/pwlq_gemm.py``), rearranged
 around a *base* region ``b`` (the widest code interval)::
@@ -25,7 +25,8 @@ residual offset folds into the bias once. ``Q_r`` holds region ``r``'s codes
   code ``t`` *exactly* (``(o_r - o_b) + (s_r - s_b) t == 0`` in float64: a
   continuous codebook whose stored parameters kept the knot), ``Q_r`` and ``M_r``
   collapse into one operand ``(q - t) [q in r]``: one GEMM instead of two.
-  Otherwise both run: dropping the residual would change results.
+  Otherwise both run: dropping a nonzero residual would change results (the
+  presets' float32-stored offsets miss their knots by 1e-9..4e-7 relative).
 
 Which regions are tails is decided per call from the columns' code ranges
 (``amin``/``amax`` over rows: a superset of the columns holding the region, so
@@ -45,7 +46,7 @@ from ptq_protein.nn.fused import fused_call, region_mask, region_operand
 
 __all__ = ["PwlqRegion", "PwlqPlan", "PwlqOperands", "pwlq_plan", "pwlq_operands", "pwlq_linear"]
 
-# A region whose candidate columns are at most this share of K runs in the float64 column GEMM.
+# A region whose candidate columns are at most this share of K runs in the tails' column GEMM.
 _SPARSE_COLS = 1 / 16
 # A dense region on at most this share of the rows runs its int8 GEMMs on those rows only.
 _SPARSE_ROWS = 1 / 2

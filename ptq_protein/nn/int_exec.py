@@ -4,8 +4,9 @@ The activation codes come from the same quantization rules the fake backend
 uses, so both backends share one set of parameters; the GEMM then runs on
 integers, on one of these engines (:class:`Engine`):
 
-* ``onednn``: the CPU fast path (:mod:`ptq_protein.nn.cpu_int8`), oneDNN's int8
-  GEMM on weights prepacked once; static codes in one compiled pass.
+* ``onednn``: the CPU fast path (:mod:`ptq_protein.nn.cpu_int8`; PWLQ sites in
+  :mod:`ptq_protein.nn.cpu_pwlq`), oneDNN's int8 GEMM on weights prepacked once;
+  activation codes in one compiled pass.
 * ``reference``: the exact torch integer reference (``ptq_protein.kernels``);
   on CUDA tensors (or under ``TRITON_INTERPRET=1``) its wrappers run the Triton kernels.
 * ``auto`` (default): ``onednn`` for CPU tensors where it runs and the site is

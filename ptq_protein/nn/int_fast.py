@@ -3,9 +3,10 @@
 The weight is prepacked on first use (or by :func:`prepack_module` at load) and
 the plain int8 codes are then released, so the module holds one int8 copy; the
 codes come back from the packed copy when something asks for them
-(``state_dict``, the reference engine). Static activation codes come from one
-compiled elementwise loop (:mod:`ptq_protein.nn.fused`) that performs the
-quantizer's float32 operations, so they equal ``input_quant.encode`` bit for bit.
+(``state_dict``, the reference engine). Static and dynamic per-token activation
+codes come from one compiled elementwise loop (:mod:`ptq_protein.nn.fused`) that
+performs the quantizer's float32 operations, so they equal ``input_quant.encode``
+bit for bit (per-token: after the row ranges, two eager reductions).
 """
 
 from __future__ import annotations
