@@ -42,6 +42,7 @@ from typing import Callable, Dict, Optional
 import torch
 
 __all__ = ["FusedSettings", "configure", "settings", "fused_call", "padded_regions", "piecewise_codes", "piecewise_fake",
+           "piecewise_zero_code", "region_mask", "region_operand",
            "uniform_codes", "uniform_fake"]
 
 log = logging.getLogger(__name__)
@@ -167,13 +168,12 @@ def padded_regions(thresholds: torch.Tensor, table: torch.Tensor) -> tuple[torch
 # -- the fused functions (plain torch: also correct, if slower, when run eagerly) ----------
 
 
-def piecewise_fake(x: torch.Tensor, thresholds: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Fake PWLQ of float ``x``: ``decode(encode(x))`` of a piecewise codebook, float32.
+def _region_codes(x: torch.Tensor, thresholds: torch.Tensor, table: torch.Tensor):
+    """Per-element region parameters (offset, scale, as x's dtype) and float codes of a piecewise codebook.
 
     ``thresholds`` [R-1] ascending (x's dtype); ``table`` [R, 4] float32 rows of
-    ``(offset, scale, code_lo, code_hi)``. Region ``r`` holds ``thr[r-1] <= x < thr[r]``;
-    encoding runs in x's dtype, decoding in float32, as :func:`pwlq_quantize` /
-    :func:`pwlq_dequantize` do. NaN stays NaN.
+    ``(offset, scale, code_lo, code_hi)``. Region ``r`` holds ``thr[r-1] <= x < thr[r]``
+    (NaN lands in the last region and its code stays NaN).
     """
     last = table.shape[0] - 1
     enc = table.to(x.dtype)
@@ -184,7 +184,16 @@ def piecewise_fake(x: torch.Tensor, thresholds: torch.Tensor, table: torch.Tenso
         sc = torch.where(below, enc[r, 1], sc)
         lo = torch.where(below, enc[r, 2], lo)
         hi = torch.where(below, enc[r, 3], hi)
-    q = torch.minimum(torch.maximum(torch.round((x - off) / sc), lo), hi)
+    return off, sc, torch.minimum(torch.maximum(torch.round((x - off) / sc), lo), hi)
+
+
+def piecewise_fake(x: torch.Tensor, thresholds: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Fake PWLQ of float ``x``: ``decode(encode(x))`` of a piecewise codebook, float32.
+
+    Tables as in :func:`_region_codes`; encoding runs in x's dtype, decoding in
+    float32, as :func:`pwlq_quantize` / :func:`pwlq_dequantize` do. NaN stays NaN.
+    """
+    off, sc, q = _region_codes(x, thresholds, table)
     return off.to(torch.float32) + sc.to(torch.float32) * q.to(torch.float32)
 
 
@@ -202,22 +211,45 @@ def uniform_fake(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
 def uniform_codes(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
     """Int8 codes of :func:`ptq_protein.quant.uniform.quantize` (one scalar scale and zero point) in one loop.
 
-    NaN encodes like 0 (the zero point), +-Inf clamp; the same float32 operations as the eager rule.
+    NaN encodes like 0 (the zero point, clamped), +-Inf clamp; the same float32
+    operations as the eager rule. NaN is replaced after the clamp by a vectorised
+    ``q == q`` test: an ``isnan`` on the input compiles to a scalar loop that
+    tripled the pass's time.
     """
-    xs = torch.where(torch.isnan(x), torch.zeros((), dtype=x.dtype), x)
-    return torch.clamp(torch.round(xs / scale.to(x.dtype)) + zero_point.to(x.dtype), qmin, qmax).to(torch.int8)
+    zp = zero_point.to(x.dtype)
+    q = torch.clamp(torch.round(x / scale.to(x.dtype)) + zp, qmin, qmax)
+    return torch.where(q == q, q, torch.clamp(zp, qmin, qmax)).to(torch.int8)
 
 
-def piecewise_codes(x: torch.Tensor, thresholds: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Int8 codes of :func:`ptq_protein.quant.codebook.pwlq_quantize` in one loop (tables as :func:`piecewise_fake`)."""
-    xs = torch.where(torch.isnan(x), torch.zeros((), dtype=x.dtype), x)
-    last = table.shape[0] - 1
-    enc = table.to(x.dtype)
-    off, sc, lo, hi = enc[last, 0], enc[last, 1], enc[last, 2], enc[last, 3]
-    for r in range(last - 1, -1, -1):
-        below = xs < thresholds[r]
-        off = torch.where(below, enc[r, 0], off)
-        sc = torch.where(below, enc[r, 1], sc)
-        lo = torch.where(below, enc[r, 2], lo)
-        hi = torch.where(below, enc[r, 3], hi)
-    return torch.minimum(torch.maximum(torch.round((xs - off) / sc), lo), hi).to(torch.int8)
+def piecewise_codes(x: torch.Tensor, thresholds: torch.Tensor, table: torch.Tensor,
+                    zero_code: torch.Tensor) -> torch.Tensor:
+    """Int8 codes of :func:`ptq_protein.quant.codebook.pwlq_quantize` in one loop (tables as :func:`_region_codes`).
+
+    NaN encodes like 0: ``zero_code`` (:func:`piecewise_zero_code`, passed in
+    rather than recomputed per vector of the loop) replaces it after the clamp, as
+    in :func:`uniform_codes`.
+    """
+    q = _region_codes(x, thresholds, table)[2]
+    return torch.where(q == q, q, zero_code).to(torch.int8)
+
+
+def piecewise_zero_code(thresholds: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """The (float, 0-d) code of 0.0, which NaN takes, in thresholds' dtype."""
+    return _region_codes(torch.zeros((), dtype=thresholds.dtype, device=thresholds.device), thresholds, table)[2]
+
+
+def region_operand(codes: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
+    """Int8 ``codes - bounds[2]`` where ``bounds[0] <= codes <= bounds[1]``, else 0 (a PWLQ region's operand).
+
+    ``bounds`` int32 [3]; the caller guarantees the shifted codes fit in int8.
+    """
+    q = codes.to(torch.int32)
+    inside = (q >= bounds[0]) & (q <= bounds[1])
+    return torch.where(inside, q - bounds[2], torch.zeros((), dtype=torch.int32, device=q.device)).to(torch.int8)
+
+
+def region_mask(codes: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
+    """Int8 indicator of ``bounds[0] <= codes <= bounds[1]`` (a PWLQ region's offset operand)."""
+    q = codes.to(torch.int32)
+    one, zero = torch.ones((), dtype=torch.int32, device=q.device), torch.zeros((), dtype=torch.int32, device=q.device)
+    return torch.where((q >= bounds[0]) & (q <= bounds[1]), one, zero).to(torch.int8)  # bool.to(int8): a scalar loop

@@ -4,8 +4,9 @@ The activation codes come from the same quantization rules the fake backend
 uses, so both backends share one set of parameters; the GEMM then runs on
 integers, on one of these engines (:class:`Engine`):
 
-* ``onednn``: the CPU fast path (:mod:`ptq_protein.nn.cpu_int8`), oneDNN's int8
-  GEMM on weights prepacked once; static codes in one compiled pass.
+* ``onednn``: the CPU fast path (:mod:`ptq_protein.nn.cpu_int8`; PWLQ sites in
+  :mod:`ptq_protein.nn.cpu_pwlq`), oneDNN's int8 GEMM on weights prepacked once;
+  activation codes in one compiled pass.
 * ``reference``: the exact torch integer reference (``ptq_protein.kernels``);
   on CUDA tensors (or under ``TRITON_INTERPRET=1``) its wrappers run the Triton kernels.
 * ``auto`` (default): ``onednn`` for CPU tensors where it runs and the site is
@@ -14,7 +15,7 @@ integers, on one of these engines (:class:`Engine`):
 :func:`engine_used` tells which engine a model's last forward ran.
 
 Rows the quantizer keeps in floating point (BOS/EOS, :mod:`ptq_protein.nn.special_tokens`)
-are then recomputed in float by ``QuantLinear._float_rows``, as in the fake backend.
+are then recomputed in float by ``QuantLinear._float_rows`` from the int8 codes (:func:`float_rows_linear`).
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from typing import Optional
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from ptq_protein.config import Engine
 
-__all__ = ["Engine", "int_linear", "first_accumulators", "set_engine", "engine_used", "weight_codes"]
+__all__ = ["Engine", "int_linear", "float_rows_linear", "first_accumulators", "set_engine", "engine_used", "weight_codes"]
 
 
 def parse_engine(engine) -> Engine:
@@ -69,7 +71,7 @@ def _fast_ok(module, x: torch.Tensor) -> bool:
     """The site is one the oneDNN path handles: CPU, symmetric weights, scalar static scale or per-token."""
     if module.engine is Engine.REFERENCE or x.device.type != "cpu" or module.weight_codebook is not None:
         return False
-    if not _onednn_available() or bool((module.weight_zero_point != 0).any()):
+    if not _onednn_available() or not module.symmetric_weight_codes():
         return False
     quant = module.input_quant
     if quant.spec.scheme.value == "pwlq":
@@ -91,6 +93,24 @@ def int_linear(module, x: torch.Tensor) -> torch.Tensor:
                          f"{x.device}); use engine='auto' to fall back to the reference")
     module.engine_ran = Engine.REFERENCE.value
     return _reference_linear(module, x)
+
+
+def float_rows_linear(module, rows: torch.Tensor) -> torch.Tensor:
+    """The rows kept in floating point (BOS/EOS): ``(rows @ codes^T) * w_scale + bias``, float32 ``[R, N]``.
+
+    Read from the int8 codes (the prepacked copy's dense form when the fast path
+    holds one, else the plain codes: the same ``[K, N]`` operand either way, so
+    both engines agree bit for bit), not from a dequantized float weight: that
+    would be four passes over ``[N, K]`` per call. Equal to the fake backend's
+    ``F.linear(rows, (codes - 0) * w_scale)`` up to float32 rounding. Weight
+    codebooks and asymmetric weights take the dequantized weight.
+    """
+    if not module.symmetric_weight_codes():
+        return F.linear(rows, module.dequantized_weight(rows.dtype), module.bias)
+    packed = module._int_cache.get("packed")
+    codes = packed.weight.to_dense() if packed is not None else weight_codes(module).t().contiguous()
+    y = torch.mm(rows.to(torch.float32), codes.to(torch.float32)).mul_(module.weight_scale.reshape(1, -1))
+    return y if module.bias is None else y.add_(module.bias.to(torch.float32))
 
 
 def _weight_operands(module):

@@ -3,18 +3,19 @@
 The weight is prepacked on first use (or by :func:`prepack_module` at load) and
 the plain int8 codes are then released, so the module holds one int8 copy; the
 codes come back from the packed copy when something asks for them
-(``state_dict``, the reference engine). Static activation codes come from one
-compiled elementwise loop (:mod:`ptq_protein.nn.fused`) that performs the
-quantizer's float32 operations, so they equal ``input_quant.encode`` bit for bit.
+(``state_dict``, the reference engine). Static and dynamic per-token activation
+codes come from one compiled elementwise loop (:mod:`ptq_protein.nn.fused`) that
+performs the quantizer's float32 operations, so they equal ``input_quant.encode``
+bit for bit (per-token: after the row ranges, two eager reductions).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ptq_protein.nn import cpu_int8
-from ptq_protein.nn.fused import fused_call, piecewise_codes, uniform_codes
-from ptq_protein.quant.uniform import qrange
+from ptq_protein.nn import cpu_int8, cpu_pwlq
+from ptq_protein.nn.fused import fused_call, piecewise_codes, piecewise_zero_code, uniform_codes
+from ptq_protein.quant.uniform import per_token_qparams, qrange
 
 __all__ = ["fast_linear", "prepack_module", "encode_codes"]
 
@@ -31,23 +32,44 @@ def prepack_module(module) -> cpu_int8.Packed:
 
 def encode_codes(quant, x2: torch.Tensor) -> tuple:
     """``quant.encode(x2)`` for ``x2 [M, K]``: static codes in one fused pass, dynamic ones eagerly."""
-    if not quant.is_static:
-        codes, params = quant.encode(x2)
-        return codes.to(torch.int8), params
     xf = x2 if x2.dtype == torch.float64 else x2.to(torch.float32)
+    if not quant.is_static:
+        if quant.spec.granularity.value != "per_token" or quant.spec.scheme.value != "uniform":
+            codes, params = quant.encode(x2)
+            return codes.to(torch.int8), params
+        return _per_token_codes(quant, xf)
     if quant.spec.scheme.value == "pwlq":
         thresholds, table = quant._region_table(xf.device)
-        codes = fused_call(piecewise_codes, xf, thresholds.to(xf.dtype), table)
+        thresholds = thresholds.to(xf.dtype)
+        codes = fused_call(piecewise_codes, xf, thresholds, table, _zero_code(quant, thresholds, table))
         return codes, ("pwlq", quant.codebook)
     qmin, qmax = qrange(quant.spec.bits, quant.spec.symmetric)
     codes = fused_call(uniform_codes, xf, quant.scale, quant.zero_point, qmin, qmax)
     return codes, ("uniform", quant.scale, quant.zero_point)
 
 
-def _plan(module, packed: cpu_int8.Packed, cb) -> cpu_int8.PwlqPlan:
+def _per_token_codes(quant, xf: torch.Tensor) -> tuple:
+    """:func:`~ptq_protein.quant.uniform.dynamic_per_token`: the same row ranges and parameters, the codes in one
+    compiled pass over ``[M, K]`` (per-row scale and zero point) instead of six eager ones."""
+    scale, zero = per_token_qparams(xf, quant.spec.bits, quant.spec.symmetric)
+    qmin, qmax = qrange(quant.spec.bits, quant.spec.symmetric)
+    codes = fused_call(uniform_codes, xf, scale, zero, qmin, qmax, channels=True)
+    return codes, ("uniform", scale, zero)
+
+
+def _zero_code(quant, thresholds: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """The code NaN takes, cached per region table (rebuilt with it after a move)."""
+    cached = getattr(quant, "_zero_code", None)
+    if cached is None or cached[0] is not table or cached[1].dtype != thresholds.dtype:
+        cached = (table, piecewise_zero_code(thresholds, table))
+        quant._zero_code = cached
+    return cached[1]
+
+
+def _plan(module, packed: cpu_int8.Packed, cb) -> cpu_pwlq.PwlqPlan:
     cache = module._int_cache
     if cache.get("pwlq_book") is not cb:
-        cache["pwlq_plan"] = cpu_int8.pwlq_plan(cb, packed, module.bias)
+        cache["pwlq_plan"] = cpu_pwlq.pwlq_plan(cb, packed, module.bias)
         cache["pwlq_book"] = cb
     return cache["pwlq_plan"]
 
@@ -59,7 +81,7 @@ def fast_linear(module, x: torch.Tensor) -> torch.Tensor:
     codes, params = encode_codes(module.input_quant, x.reshape(-1, shape[-1]))
     bias = None if module.bias is None else module.bias.to(torch.float32)
     if params[0] == "pwlq":
-        y = cpu_int8.pwlq_linear(codes, _plan(module, packed, params[1]), packed)
+        y = cpu_pwlq.pwlq_linear(codes, _plan(module, packed, params[1]), packed)
     elif module.input_quant.is_static:
         y = cpu_int8.static_linear(codes, packed, float(params[1]), int(params[2]), bias)
     else:

@@ -41,6 +41,20 @@ def _apply_keeping_float32(module: nn.Module, names: tuple, fn, recurse: bool):
     return out
 
 
+def _restore_rows(x: torch.Tensor, out: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``where(keep, x, out)``; a per-row mask (``[..., 1]``) copies those few rows into ``out`` in place.
+
+    ``out`` is the quantizer's fresh output; a full-size ``where`` would be one
+    more pass over the activation to change two rows per sequence.
+    """
+    if keep.shape[-1] != 1 or keep.shape[:-1] != x.shape[:-1] or not out.is_contiguous() or out.shape != x.shape:
+        return torch.where(keep, x, out)
+    index = keep.reshape(-1).nonzero().flatten()
+    flat = out.view(-1, out.shape[-1])
+    flat.index_copy_(0, index, x.reshape(-1, x.shape[-1]).index_select(0, index).to(out.dtype))
+    return out
+
+
 class ActQuantizer(nn.Module):
     """Quantizer of one activation site.
 
@@ -178,7 +192,7 @@ class ActQuantizer(nn.Module):
             out = self.decode(codes, params)
             out = torch.where(torch.isnan(x), x.to(out.dtype), out).to(x.dtype)
         keep = self.special_rows(x)
-        return out if keep is None else torch.where(keep, x, out)
+        return out if keep is None else _restore_rows(x, out, keep)
 
     def state(self) -> Dict[str, Any]:
         """JSON-able parameters (the tensors are small: scalars or [C])."""
@@ -295,11 +309,22 @@ class QuantLinear(nn.Module):
             w = pwlq_dequantize(codes, self.weight_codebook)
         elif self.weight_spec.scheme is Scheme.FP8:
             w = fp8_dequantize(codes, self.weight_scale)
+        elif self.symmetric_weight_codes():  # one pass, the same float32 values as (codes - 0) * scale
+            w = torch.mul(codes, self.weight_scale)
         else:
             w = dequantize(codes, self.weight_scale, self.weight_zero_point)
         w = w.to(dtype)
         self._dequantized = w if self.cache_dequantized else None
         return w
+
+    def symmetric_weight_codes(self) -> bool:
+        """Uniform int8 weight codes whose zero points are all 0 (cached until a move or a state-dict load)."""
+        cache = self._int_cache
+        if "symmetric" not in cache:
+            zero = getattr(self, "weight_zero_point", None)
+            cache["symmetric"] = (self.weight_codebook is None and zero is not None
+                                  and self.weight_codes.dtype == torch.int8 and not bool((zero != 0).any()))
+        return cache["symmetric"]
 
     def _apply(self, fn, recurse=True):  # device/dtype moves invalidate the caches
         self._dequantized = None
@@ -309,27 +334,30 @@ class QuantLinear(nn.Module):
     # -- forward ---------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend is Backend.INT8 and self.input_quant is not None and self.weight_spec is not None:
-            from ptq_protein.nn.int_exec import int_linear
+            from ptq_protein.nn.int_exec import float_rows_linear, int_linear
 
-            return self._float_rows(x, int_linear(self, x))
+            return self._float_rows(x, int_linear(self, x), lambda rows: float_rows_linear(self, rows))
         xq = x if self.input_quant is None else self.input_quant(x)
         bias = None if self.bias is None else self.bias.to(x.dtype)
-        return self._float_rows(x, F.linear(xq, self.dequantized_weight(x.dtype), bias))
+        weight = self.dequantized_weight(x.dtype)
+        return self._float_rows(x, F.linear(xq, weight, bias), lambda rows: F.linear(rows, weight, bias))
 
-    def _float_rows(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """``y`` with its BOS/EOS rows replaced by the float product of ``x``'s (see ActQuantizer.special_rows).
+    def _float_rows(self, x: torch.Tensor, y: torch.Tensor,
+                    product: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """``y`` with its BOS/EOS rows replaced by ``product`` of ``x``'s rows (see ActQuantizer.special_rows).
 
-        Both backends compute those rows with this one small GEMM, so they agree on
-        them bit for bit (a GEMM over a subset of rows may round differently from
-        the full one).
+        ``product`` is the backend's float GEMM of the weight the codes stand for
+        (the fake backend reuses its dequantized weight; the integer backend reads
+        the int8 codes, :func:`~ptq_protein.nn.int_exec.float_rows_linear`), run on
+        those few rows only (a GEMM over a subset of rows may round differently
+        from the full one).
         """
         keep = None if self.input_quant is None else self.input_quant.special_rows(x)
         if keep is None:
             return y
-        rows = keep.expand(*x.shape[:-1], 1).reshape(-1)
-        bias = None if self.bias is None else self.bias.to(x.dtype)
+        index = keep.expand(*x.shape[:-1], 1).reshape(-1).nonzero().flatten()
         flat = y.reshape(-1, y.shape[-1])
-        flat[rows] = F.linear(x.reshape(-1, x.shape[-1])[rows], self.dequantized_weight(x.dtype), bias).to(y.dtype)
+        flat.index_copy_(0, index, product(x.reshape(-1, x.shape[-1]).index_select(0, index)).to(y.dtype))
         return flat.reshape(y.shape)
 
     def extra_repr(self) -> str:

@@ -40,6 +40,7 @@ __all__ = [
     "SCALE_FLOOR",
     "check_bits",
     "qrange",
+    "per_token_qparams",
     "code_dtype",
     "choose_qparams",
     "quantize",
@@ -185,11 +186,20 @@ def dynamic_per_token(
     scale : Tensor ``[..., 1]`` float32
     zero_point : Tensor ``[..., 1]`` int32
     """
+    scale, zp = per_token_qparams(x, bits, symmetric)
+    return quantize(x, scale, zp, bits, symmetric), scale, zp
+
+
+def per_token_qparams(x: torch.Tensor, bits: int, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale and zero point ``[..., 1]`` of each row's range (the parameters of :func:`dynamic_per_token`).
+
+    ``amin`` and ``amax`` separately: on CPU the fused ``aminmax`` over the last
+    dim was six times slower (same values).
+    """
     if x.dim() == 0 or x.shape[-1] == 0:
         raise ValueError(f"dynamic_per_token needs a non-empty last dim, got shape {tuple(x.shape)}")
-    lo, hi = torch.aminmax(_as_float(x), dim=-1, keepdim=True)
-    scale, zp = choose_qparams(lo, hi, bits, symmetric)
-    return quantize(x, scale, zp, bits, symmetric), scale, zp
+    xf = _as_float(x)
+    return choose_qparams(xf.amin(dim=-1, keepdim=True), xf.amax(dim=-1, keepdim=True), bits, symmetric)
 
 
 def per_channel_minmax(w: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:

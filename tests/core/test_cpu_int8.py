@@ -8,7 +8,7 @@ import torch
 import ptq_protein as pp
 from ptq_protein.kernels.reference import int_matmul, pwlq_linear_reference
 from ptq_protein.models.adapters import get_adapter
-from ptq_protein.nn import cpu_int8
+from ptq_protein.nn import cpu_int8, cpu_pwlq
 from ptq_protein.nn.int_exec import engine_used, set_engine
 from ptq_protein.nn.int_fast import encode_codes
 from ptq_protein.nn.modules import QuantLinear
@@ -64,28 +64,60 @@ def _books():
     sym = PiecewiseCodebook(8, (-127, -63, 64), (-64, 63, 127), (-0.5, 0.0, 0.5), (0.02, 0.004, 0.02), (-0.25, 0.25))
     asym = PiecewiseCodebook(8, (-128, -117, -93, 77), (-118, -94, 76, 127), (0.275, 0.51, 1.055, -0.5),
                              (0.0035, 0.0055, 0.0113, 0.0318), (-0.13, -0.0027, 1.93))
-    return [sym, asym]
+    # the presets' shape with zero code 8 and exactly representable parameters: the two centre lines meet
+    # at code 8 exactly, so the second centre piece is one operand (q - 8)
+    hinge = PiecewiseCodebook(8, (-128, -96, 9, 104), (-97, 8, 103, 127), (0.5, -0.125, -0.25, -10.0),
+                              (1 / 16, 1 / 64, 1 / 32, 1 / 8), (-3.6, 0.015625, 2.984375))
+    return [sym, asym, hinge]
+
+
+def _pwlq_inputs(m, k, gen, tails):
+    """Values mostly in the centre; tail values nowhere, in two columns, in 1% of entries, or everywhere."""
+    x = (torch.randn(m, k, generator=gen) * 0.1).clamp(-0.2, 0.2)
+    if tails == "columns":
+        spread = torch.zeros(m, k, dtype=torch.bool)
+        spread[:, [0, k // 2]] = torch.rand(m, 2, generator=gen) < 0.5
+    else:
+        spread = torch.rand(m, k, generator=gen) < {"none": 0.0, "rare": 0.01, "everywhere": 1.0}[tails]
+    return torch.where(spread, torch.randn(m, k, generator=gen) * 6, x)
 
 
 @pytest.mark.parametrize("m,k,n", SHAPES)
-@pytest.mark.parametrize("book", range(2))
-@pytest.mark.parametrize("tails", [0.0, 0.01, 1.0])  # no tail entry, rare tails, tails everywhere
+@pytest.mark.parametrize("book", range(3))
+@pytest.mark.parametrize("tails", ["none", "columns", "rare", "everywhere"])
 def test_pwlq_matches_reference(m, k, n, book, tails):
     cb = _books()[book]
     gen = torch.Generator().manual_seed(m + k + n)
-    x = torch.randn(m, k, generator=gen) * 0.1
-    spread = torch.rand(m, k, generator=gen) < tails
-    x = torch.where(spread, torch.randn(m, k, generator=gen) * 3, x.clamp(-0.2, 0.2))
-    codes = pwlq_quantize(x, cb).to(torch.int8)
+    codes = pwlq_quantize(_pwlq_inputs(m, k, gen, tails), cb).to(torch.int8)
     w, w_scale, bias = _codes(n, k, gen, -127), torch.rand(n, generator=gen) + 0.01, torch.randn(n, generator=gen)
     packed = cpu_int8.prepack(w, w_scale)
-    plan = cpu_int8.pwlq_plan(cb, packed, bias)
-    rows, ops = cpu_int8.pwlq_operands(codes, plan)
-    for _, operand in ops:  # every correction GEMM's accumulators are the exact integers
+    plan = cpu_pwlq.pwlq_plan(cb, packed, bias)
+    assert [r.hinge for r in plan.regions] == ([None, 8, None] if book == 2 else [None] * len(plan.regions))
+    ops = cpu_pwlq.pwlq_operands(codes, plan)
+    for _, _, operand in ops.dense:  # every int8 correction GEMM's accumulators are the exact integers
         assert torch.equal(cpu_int8.accumulators(operand, packed), int_matmul(operand, w))
-    y = cpu_int8.pwlq_linear(codes, plan, packed)
+    if tails == "columns" and k >= 32:  # the tails ran as one float64 GEMM over exactly those columns
+        assert ops.cols.tolist() == [0, k // 2] and ops.tails.dtype == torch.float64
+    y = cpu_pwlq.pwlq_linear(codes, plan, packed)
     exact = pwlq_linear_reference(codes, cb.offset, cb.scale, cb.code_lo, cb.code_hi, w, w_scale, bias, torch.float64)
     assert _rel(y, exact) <= 1e-6
+
+
+def test_pwlq_empty_batch():
+    cb = _books()[1]
+    packed = cpu_int8.prepack(_codes(9, 24, torch.Generator().manual_seed(1), -127), torch.ones(9))
+    y = cpu_pwlq.pwlq_linear(torch.zeros(0, 24, dtype=torch.int8), cpu_pwlq.pwlq_plan(cb, packed, None), packed)
+    assert y.shape == (0, 9)
+
+
+def test_gemm_add_accumulates_in_place():
+    gen = torch.Generator().manual_seed(5)
+    a, w = _codes(33, 67, gen), _codes(40, 67, gen, -127)
+    w_scale, out = torch.rand(40, generator=gen) + 0.01, torch.randn(33, 40, generator=gen)
+    start = out.double()
+    got = cpu_int8.gemm_add_(out, a, cpu_int8.prepack(w, w_scale), -0.3)
+    assert got.data_ptr() == out.data_ptr()
+    assert _rel(got, start - 0.3 * w_scale.double() * (a.double() @ w.double().t())) <= 1e-6
 
 
 def _site_inputs(model, tokens):

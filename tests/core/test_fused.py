@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ptq_protein.nn import fused
-from ptq_protein.config import Scheme, TensorQuant
+from ptq_protein.config import Granularity, Scheme, TensorQuant
 from ptq_protein.nn.modules import ActQuantizer
 from ptq_protein.quant.codebook import codebook_step_function, pwlq_fake_quantize
 from ptq_protein.quant.pwlq import asymmetric_pwlq, pwlq_from_breakpoints
@@ -221,3 +221,28 @@ def test_compiled_codes_match_encoders(fused_mode, cb):
             got = encode_codes(q, x)[0]
             assert fused._broken is None, fused._broken
             assert got.dtype == torch.int8 and torch.equal(got, q.encode(x)[0].to(torch.int8))
+        finite = x[torch.isfinite(x)][:4000].reshape(-1, 40)  # per-token ranges need finite rows
+        for symmetric in (True, False):
+            tok = ActQuantizer(TensorQuant(bits=8, granularity=Granularity.PER_TOKEN, dynamic=True, symmetric=symmetric))
+            codes, params = encode_codes(tok, finite)
+            want, want_params = tok.encode(finite)
+            assert fused._broken is None, fused._broken
+            assert torch.equal(codes, want.to(torch.int8))
+            assert torch.equal(params[1], want_params[1]) and torch.equal(params[2], want_params[2])
+
+
+@pytest.mark.parametrize("bounds", [(-128, -97, 0), (9, 103, 8), (104, 127, 104), (-5, 5, -3)])
+def test_compiled_region_operands_match_eager(fused_mode, bounds):
+    """PWLQ region operands (nn.cpu_pwlq): the compiled passes equal a plain int64 evaluation on every code."""
+    fused_mode("on")
+    codes = torch.arange(-128, 128, dtype=torch.int8).repeat(3)
+    lo, hi, shift = bounds
+    inside = (codes.long() >= lo) & (codes.long() <= hi)
+    b = torch.tensor(bounds, dtype=torch.int32)
+    with torch.no_grad():
+        operand = fused.fused_call(fused.region_operand, codes, b)
+        mask = fused.fused_call(fused.region_mask, codes, b)
+    assert fused._broken is None, fused._broken
+    assert operand.dtype == mask.dtype == torch.int8
+    assert torch.equal(operand.long(), torch.where(inside, codes.long() - shift, 0))
+    assert torch.equal(mask.long(), inside.long())
