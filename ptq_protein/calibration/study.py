@@ -50,46 +50,10 @@ def _hook(observer: StudyTopKObserver):
     return hook
 
 
-class _StemOnly(Exception):
-    """Raised after the stem of a forward whose other sites have all seen their calls."""
-
-
-@contextlib.contextmanager
-def _stop_after_stem(model: nn.Module, adapter: ModelAdapter, observers: Dict[str, StudyTopKObserver]) -> Iterator[None]:
-    """Skip the rest of a forward once every site outside the adapter's stem has its ``calls`` calls.
-
-    Exact: those observers ignore later calls, and the stem (ESMFold's LM) runs
-    first and alone feeds the rest, so only the stem's sites still take values.
-    ESMFold's trunk and structure sites fill up (recycles x blocks calls per
-    sequence) long before the LM's (one call per sequence); the remaining
-    sequences then run the LM only. A site that never runs keeps this off.
-    """
-    prefix = f"{adapter.stem}."
-    rest = [obs for name, obs in observers.items() if not name.startswith(prefix)]
-    stem = None if adapter.stem is None or not rest else model.get_submodule(adapter.stem)
-    if stem is None:
-        yield
-        return
-
-    def hook(module, args, output):
-        if all(obs.count >= obs.calls for obs in rest):
-            raise _StemOnly
-
-    handle = stem.register_forward_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
 def study_calibrate(model: nn.Module, adapter: ModelAdapter, sites: Sequence[Site], sequences: Sequence[str],
                     k: int, calls: int, forward_kwargs: Optional[dict] = None,
                     progress: bool = False) -> Dict[str, StudyTopKObserver]:
-    """Run ``sequences`` one at a time (batch 1, in the given order) and return each site's observer.
-
-    An observer's ``seen`` counts the calls made until the pass no longer needed
-    them (see :func:`_stop_after_stem`), not every call of every forward.
-    """
+    """Run ``sequences`` one at a time (batch 1, in the given order) and return each site's observer."""
     if not sequences:
         raise InputError("the calibration set is empty: give at least one sequence (e.g. casp14:50, as the study)")
     iterator: Sequence[str] = sequences
@@ -100,13 +64,9 @@ def study_calibrate(model: nn.Module, adapter: ModelAdapter, sites: Sequence[Sit
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), study_observers(model, sites, k, calls) as observers, \
-                _stop_after_stem(model, adapter, observers):
+        with torch.no_grad(), study_observers(model, sites, k, calls) as observers:
             for seq in iterator:
-                try:
-                    adapter.forward(model, adapter.make_batch([seq]), **(forward_kwargs or {}))
-                except _StemOnly:
-                    pass
+                adapter.forward(model, adapter.make_batch([seq]), **(forward_kwargs or {}))
     finally:
         model.train(was_training)
     return observers

@@ -51,8 +51,6 @@ class ModelAdapter:
 
     family: str = "unknown"
     groups: Tuple[str, ...] = ("esm",)
-    # A submodule that runs first and once per forward and alone feeds the rest (ESMFold's LM), or None.
-    stem: Optional[str] = None
     head_globs: Tuple[str, ...] = ()
     max_residues: Optional[int] = ESM2_MAX_RESIDUES
     layout: str = "BT"  # layout of the LM's hidden states: "BT" (batch first) or "TB"
@@ -250,7 +248,6 @@ class HFEsmFoldAdapter(ModelAdapter):
 
     family = "hf-esmfold"
     groups = ("esm", "trunk", "structure")
-    stem = "esm"  # runs once per forward, before everything else, and alone feeds the rest
     norm_linear_pairs = _HF_ESM_PAIRS + _ESMFOLD_TRUNK_PAIRS
     head_globs = ("distogram_head*", "ptm_head*", "lm_head*", "lddt_head*", "esm.contact_head*",
                   "esm.embeddings*", "embedding", "trunk.pairwise_positional_embedding*", "trunk.recycle_disto*",
