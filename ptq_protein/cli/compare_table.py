@@ -31,6 +31,8 @@ def compare_names(args: argparse.Namespace, is_demo: bool) -> List[str]:
     """The recipe names asked for with --compare (or the demo default); unknown names are left to the caller."""
     if args.compare is None:
         names = list(DEMO_COMPARE) if is_demo and args.check > 0 else []
+        if getattr(args, "backend", "fake") != "fake":  # the study's recipes simulate in float only
+            names = [n for n in names if not n.startswith("study-")]
     elif args.compare.strip().lower() == "none":
         names = []
     else:
