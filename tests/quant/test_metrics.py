@@ -22,3 +22,12 @@ def test_sqnr_closed_form():
     assert sqnr_db(torch.zeros(2), torch.ones(2)) == -math.inf
     with pytest.raises(ValueError, match="shapes"):
         sqnr_db(x, x[:1])
+
+
+def test_sqnr_over_several_chunks_equals_the_whole_tensor_float64_value():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, (1 << 18) + 7, generator=gen)  # three chunks and a ragged tail
+    xq = (x * 31).round() / 31
+    x64 = x.double()
+    want = 10 * math.log10(float((x64 ** 2).sum()) / float(((xq.double() - x64) ** 2).sum()))
+    assert sqnr_db(x, xq) == pytest.approx(want, rel=1e-12)
