@@ -23,7 +23,7 @@ import torch
 
 from ptq_protein.quant.study import TOPK_FALLBACK, study_topk_reduce
 
-__all__ = ["StudyTopKObserver", "STUDY_CALLS"]
+__all__ = ["StudyTopKObserver", "STUDY_CALLS", "extremes"]
 
 STUDY_CALLS = 50  # quant_acts.py:17,28 cali_sample_size=50 // cali_batch_size=1
 
@@ -50,12 +50,9 @@ class StudyTopKObserver:
         self.seen += 1
         if len(self._mins) >= self.calls or x.numel() == 0:
             return
-        flat = x.detach().reshape(-1)
-        n = min(self.keep, flat.numel())
-        # torch.topk picks the same values as their full sort; the values are then stored
-        # ascending in float32, as their float32 buffer stores them (quant_acts.py:29-31,42-43).
-        lo = torch.topk(flat, n, largest=False, sorted=True).values
-        hi = torch.topk(flat, n, largest=True, sorted=True).values.flip(0)
+        # The values are stored ascending in float32, as their float32 buffer stores them
+        # (quant_acts.py:29-31,42-43).
+        lo, hi = extremes(x.detach().reshape(-1), self.keep)
         self._mins.append(_pad(lo.float().cpu(), self.keep, front=False))
         self._maxs.append(_pad(hi.float().cpu(), self.keep, front=True))
 
@@ -79,6 +76,42 @@ class StudyTopKObserver:
             return None
         mins, maxs = torch.stack(self._mins), torch.stack(self._maxs)
         return study_topk_reduce(mins, k, "min"), study_topk_reduce(maxs, k, "max")
+
+
+def extremes(flat: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` smallest and ``k`` largest values of a 1-D tensor, both ascending: the values a full sort gives.
+
+    Two ``torch.topk`` calls over a whole ESMFold pair tensor cost ~3x the forward
+    that made it, so large tensors are pre-filtered, exactly: cut into rows of
+    ``_ROW`` values, the k-th smallest row minimum ``t`` bounds the k-th smallest
+    value from above (those k minima are k values <= t), and every value <= t lies
+    in a row whose minimum is <= t; ``topk`` then runs on those rows only
+    (typically k of them; ties may select many, which is slower, never different).
+    Likewise for the largest. A NaN anywhere takes the plain path (topk orders NaN
+    as largest, which a threshold cannot reproduce).
+    """
+    n = min(k, flat.numel())
+    whole = flat.numel() // _ROW * _ROW
+    if whole >= _PREFILTER_MIN:
+        rows, rest = flat[:whole].view(-1, _ROW), flat[whole:]
+        row_lo, row_hi = rows.amin(dim=1), rows.amax(dim=1)
+        if not (torch.isnan(row_lo).any() or torch.isnan(row_hi).any() or torch.isnan(rest).any()):
+            t_lo = torch.topk(row_lo, n, largest=False, sorted=True).values[-1]
+            t_hi = torch.topk(row_hi, n, largest=True, sorted=True).values[-1]
+            lo_pool = torch.cat([rows[row_lo <= t_lo].reshape(-1), rest])
+            hi_pool = torch.cat([rows[row_hi >= t_hi].reshape(-1), rest])
+            return _topk_both(lo_pool, hi_pool, n)
+    return _topk_both(flat, flat, n)
+
+
+def _topk_both(for_lo: torch.Tensor, for_hi: torch.Tensor, n: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    lo = torch.topk(for_lo, n, largest=False, sorted=True).values
+    hi = torch.topk(for_hi, n, largest=True, sorted=True).values.flip(0)
+    return lo, hi
+
+
+_ROW = 1024
+_PREFILTER_MIN = 1 << 15  # below this, two plain topk calls are already cheap
 
 
 def _pad(values: torch.Tensor, size: int, front: bool) -> torch.Tensor:
