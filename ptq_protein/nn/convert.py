@@ -15,7 +15,8 @@ from ptq_protein.config import QuantConfig, SiteKind
 from ptq_protein.errors import InputError
 from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.nn.qparams import quantize_weight
-from ptq_protein.quant.metrics import sqnr_db
+from ptq_protein.quant.metrics import BLOCK_VALUES, sqnr_db_blocks
+from ptq_protein.quant.observers import all_finite
 from ptq_protein.calibration.matmul_sites import QuantMatmulHost
 from ptq_protein.calibration.sites import Site, set_module
 
@@ -65,12 +66,12 @@ def swap_modules_(model: nn.Module, sites: Dict[str, Site], input_quants: Dict[s
         if site.kind is SiteKind.LINEAR:
             if config.weights is None and quant is None:
                 continue
-            if config.weights is not None and not torch.isfinite(module.weight).all():
+            if config.weights is not None and not all_finite(module.weight):
                 raise InputError(f"site {name}: its weight holds NaN or Inf values, which cannot be quantized; "
                                  "fix the checkpoint, or exclude the site (QuantConfig exclude=[...])")
             new = build_quant_linear(module, config, quant, weight_q=weight_codes.get(name)).to(device)
             if weight_sqnr is not None and new.weight_spec is not None:
-                weight_sqnr[name] = sqnr_db(module.weight.detach(), new.dequantized_weight(torch.float32))
+                weight_sqnr[name] = weight_sqnr_db(module.weight.detach(), new)
             set_module(model, name, new)
             if after_swap is not None:
                 after_swap(module)
@@ -87,6 +88,17 @@ def swap_modules_(model: nn.Module, sites: Dict[str, Site], input_quants: Dict[s
     return done
 
 
+
+
+def weight_sqnr_db(weight: torch.Tensor, new: QuantLinear) -> float:
+    """SQNR (dB) of ``new``'s quantized weight against the float ``weight``, read in blocks of rows.
+
+    The same value as ``sqnr_db(weight, new.dequantized_weight(torch.float32))`` up to
+    float64 summation order, without a float32 copy of the whole weight.
+    """
+    rows = max(1, BLOCK_VALUES // max(1, weight.shape[-1]))
+    return sqnr_db_blocks((weight[a:a + rows], new.dequantized_rows(a, a + rows))
+                          for a in range(0, weight.shape[0], rows))
 
 
 def cache_dequantized_weights(model: nn.Module, enabled: bool = True) -> int:

@@ -304,18 +304,28 @@ class QuantLinear(nn.Module):
         cached = self._dequantized
         if cached is not None and cached.dtype == dtype and cached.device == self.weight_codes.device:
             return cached
-        codes = self.plain_weight_codes()
-        if self.weight_codebook is not None:
-            w = pwlq_dequantize(codes, self.weight_codebook)
-        elif self.weight_spec.scheme is Scheme.FP8:
-            w = fp8_dequantize(codes, self.weight_scale)
-        elif self.symmetric_weight_codes():  # one pass, the same float32 values as (codes - 0) * scale
-            w = torch.mul(codes, self.weight_scale)
-        else:
-            w = dequantize(codes, self.weight_scale, self.weight_zero_point)
-        w = w.to(dtype)
+        w = self._decode(self.plain_weight_codes(), getattr(self, "weight_scale", None),
+                         getattr(self, "weight_zero_point", None)).to(dtype)
         self._dequantized = w if self.cache_dequantized else None
         return w
+
+    def dequantized_rows(self, start: int, stop: int) -> torch.Tensor:
+        """float32 rows ``start:stop`` of :meth:`dequantized_weight`, the same values, decoded from those rows only."""
+        if self.weight_spec is None:
+            return self.weight[start:stop].float()
+        return self._decode(self.plain_weight_codes()[start:stop],
+                            _row_slice(getattr(self, "weight_scale", None), start, stop),
+                            _row_slice(getattr(self, "weight_zero_point", None), start, stop))
+
+    def _decode(self, codes: torch.Tensor, scale: Optional[torch.Tensor],
+                zero_point: Optional[torch.Tensor]) -> torch.Tensor:
+        if self.weight_codebook is not None:
+            return pwlq_dequantize(codes, self.weight_codebook)
+        if self.weight_spec.scheme is Scheme.FP8:
+            return fp8_dequantize(codes, scale)
+        if self.symmetric_weight_codes():  # one pass, the same float32 values as (codes - 0) * scale
+            return torch.mul(codes, scale)
+        return dequantize(codes, scale, zero_point)
 
     def symmetric_weight_codes(self) -> bool:
         """Uniform int8 weight codes whose zero points are all 0 (cached until a move or a state-dict load)."""
@@ -382,3 +392,9 @@ class QuantInput(nn.Module):
         except AttributeError:  # parents may read e.g. ``layer_norm.weight`` / ``normalized_shape``
             return getattr(super().__getattr__("module"), name)
 
+
+def _row_slice(t: Optional[torch.Tensor], start: int, stop: int) -> Optional[torch.Tensor]:
+    """Rows ``start:stop`` of a per-row parameter; a per-tensor one (0-d or one row) as it is."""
+    if t is None or t.dim() == 0 or t.shape[0] == 1:
+        return t
+    return t[start:stop]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["NonFiniteError", "check_finite", "MinMaxObserver", "TopKObserver", "prepare_update", "fold_extremes"]
+__all__ = ["NonFiniteError", "all_finite", "check_finite", "MinMaxObserver", "TopKObserver", "prepare_update", "fold_extremes"]
 
 # The study's fallback, kept: when the top-k median of the maxima is <= 0 it uses the
 # top 5 instead (PTQ4Protein, piecewise_quant/quant_acts.py, act_clip_bounds).
@@ -42,9 +42,23 @@ class NonFiniteError(ValueError):
         return NonFiniteError(self.n_nan, self.n_inf, self.numel, site)
 
 
+def all_finite(x: torch.Tensor) -> bool:
+    """True when ``x`` holds no NaN or Inf (non-float tensors always do).
+
+    Reads the extremes in one pass: NaN propagates through ``aminmax`` and an Inf is
+    an extreme, so both are finite exactly when every value is. ``isfinite(x).all()``
+    gives the same answer ~4x slower on CPU (a bool temporary of ``x``'s size): the
+    swap checks every weight of the model with it (2.3 s of 40 at ESM-2 650M).
+    """
+    if not x.is_floating_point() or x.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(x.detach())
+    return bool(torch.isfinite(lo) & torch.isfinite(hi))
+
+
 def check_finite(x: torch.Tensor) -> None:
     """Raise :class:`NonFiniteError` if ``x`` holds any NaN or Inf."""
-    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+    if not all_finite(x):
         raise NonFiniteError(int(torch.isnan(x).sum()), int(torch.isinf(x).sum()), x.numel())
 
 

@@ -143,8 +143,13 @@ def quantize(
     """
     qmin, qmax = qrange(bits, symmetric)
     xf = _as_float(x)
-    q = torch.round(torch.nan_to_num(xf, nan=0.0) / scale.to(xf.dtype)) + zero_point.to(xf.dtype)
-    return q.clamp(qmin, qmax).to(code_dtype(bits))
+    # One temporary (nan_to_num's copy), the rest in place: the swap quantizes every weight of
+    # the model with this, and each fresh full-size temporary is a page-faulted allocation.
+    q = torch.nan_to_num(xf, nan=0.0)
+    if q.shape != torch.broadcast_shapes(q.shape, scale.shape, zero_point.shape):
+        q = q.expand(torch.broadcast_shapes(q.shape, scale.shape, zero_point.shape)).clone()
+    q.div_(scale.to(xf.dtype)).round_().add_(zero_point.to(xf.dtype))
+    return q.clamp_(qmin, qmax).to(code_dtype(bits))
 
 
 def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor) -> torch.Tensor:
