@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -87,6 +88,7 @@ def main(argv=None) -> int:
     parser.add_argument("--recipe", default="w8a8-uniform")
     parser.add_argument("--low-memory", action="store_true", help="ESM-2: pass --low-memory to quantize")
     parser.add_argument("--no-fp", action="store_true", help="skip the float baseline")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved repeats (medians of the wall ratio)")
     args = parser.parse_args(argv)
     out = Path(tempfile.mkdtemp(prefix="ptq13_bench_"))
     print("| model | fp32 file GB | mode | peak RSS GiB | RSS / file | quantize wall s (user, sys) | "
@@ -96,13 +98,20 @@ def main(argv=None) -> int:
         path = args.dir / FILES[kind]
         size = path.stat().st_size
         cmds = case_commands(kind, path, out / kind, args.recipe, args.low_memory)
-        q = run_timed(cmds["quantize"])
-        fp = None if args.no_fp else run_timed(cmds["fp"])
+        rounds = []
+        for _ in range(args.rounds):  # interleaved: the machine's drift hits both commands alike
+            rounds.append((run_timed(cmds["quantize"]), None if args.no_fp else run_timed(cmds["fp"])))
         mode = "low-memory" if args.low_memory else "default"
-        ratio = "" if fp is None else f"{q['wall_s'] / fp['wall_s']:.2f}x"
-        fp_text = "" if fp is None else f"{fp['wall_s']:.0f} ({fp['user_s']:.0f})"
-        print(f"| {kind} | {size / 1e9:.2f} | {mode} | {q['rss_gib']:.2f} | {q['rss_gib'] * 2 ** 30 / size:.2f}x | "
-              f"{q['wall_s']:.0f} ({q['user_s']:.0f}, {q['sys_s']:.0f}) | {fp_text} | {ratio} |", flush=True)
+        for i, (q, fp) in enumerate(rounds):
+            ratio = "" if fp is None else f"{q['wall_s'] / fp['wall_s']:.2f}x"
+            fp_text = "" if fp is None else f"{fp['wall_s']:.0f} ({fp['user_s']:.0f})"
+            label = kind if args.rounds == 1 else f"{kind}, round {i + 1}"
+            print(f"| {label} | {size / 1e9:.2f} | {mode} | {q['rss_gib']:.2f} | {q['rss_gib'] * 2 ** 30 / size:.2f}x | "
+                  f"{q['wall_s']:.0f} ({q['user_s']:.0f}, {q['sys_s']:.0f}) | {fp_text} | {ratio} |", flush=True)
+        if args.rounds > 1 and not args.no_fp:
+            ratios = sorted(q["wall_s"] / fp["wall_s"] for q, fp in rounds)
+            print(f"{kind}: wall ratio median {statistics.median(ratios):.2f}x over {len(ratios)} interleaved rounds "
+                  f"(min {ratios[0]:.2f}x, max {ratios[-1]:.2f}x)", flush=True)
     return 0
 
 

@@ -83,3 +83,19 @@ def test_damaged_artifacts_are_refused(esm2, tmp_path):
         pp.load(tmp_path / "missing")
     with pytest.raises(ValueError, match="quantize it first"):
         pp.save(esm2, tmp_path / "b")
+
+
+def test_versions_come_from_metadata_without_importing_optional_libraries():
+    """The recorded versions equal the libraries' own ``__version__``, read without importing them."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys\nfrom ptq_protein.artifact import _versions\nv = _versions()\n"
+            "print(json.dumps([v, 'transformers' in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    versions, imported = json.loads(out)
+    import esm
+    import transformers
+
+    assert not imported
+    assert versions["transformers"] == transformers.__version__ and versions["esm"] == esm.__version__
