@@ -14,19 +14,24 @@ The estimate (bytes) is built from what was measured in BENCHMARKS.md (issue 13)
   (``ACTIVATION_BYTES_PER_TOKEN_PER_GB``) is scaled by the checkpoint size.
 
 It is an estimate, printed with one significant figure and never used to
-change results.
+change results: when only the streaming mode fits, ``quantize`` switches to it
+(:func:`choose_low_memory`), whose artifact equals the default mode's.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
 from ptq_protein.errors import InputError
 
-__all__ = ["MemoryEstimate", "estimate_quantize_memory", "available_memory_bytes", "check_fits"]
+__all__ = ["MemoryEstimate", "estimate_quantize_memory", "available_memory_bytes", "shortfall", "check_fits",
+           "choose_low_memory"]
+
+log = logging.getLogger(__name__)
 
 RUNTIME_BYTES = 600 * 2 ** 20  # measured: ~220 MB torch import, ~300 MB with the toolkit, + compiled loops
 INT8_FRACTION = 0.25  # int8 codes per float32 byte
@@ -72,8 +77,9 @@ def available_memory_bytes() -> Optional[int]:
     return None
 
 
-def check_fits(weights_path: Optional[Path], *, low_memory: bool, calibration_tokens: int) -> Optional[MemoryEstimate]:
-    """Raise :class:`InputError` when the run cannot fit; None when there is nothing to check."""
+def shortfall(weights_path: Optional[Path], *, low_memory: bool, calibration_tokens: int
+              ) -> Optional[Tuple[MemoryEstimate, int]]:
+    """``(estimate, available bytes)`` when the run would not fit; None when it fits or nothing can be checked."""
     if weights_path is None or os.environ.get("PTQ_PROTEIN_SKIP_MEMORY_CHECK"):
         return None
     path = Path(weights_path)
@@ -81,10 +87,48 @@ def check_fits(weights_path: Optional[Path], *, low_memory: bool, calibration_to
     estimate = estimate_quantize_memory(size, low_memory=low_memory, calibration_tokens=calibration_tokens)
     available = available_memory_bytes()
     if available is not None and estimate.needed_bytes > available:
-        hint = "free memory or use a machine with more" if low_memory else "try --low-memory"
-        raise InputError(f"needs ~{_gb(estimate.needed_bytes)} GB, this machine has {_gb(available)} GB available; "
-                         f"{hint} (PTQ_PROTEIN_SKIP_MEMORY_CHECK=1 skips this check)")
-    return estimate
+        return estimate, available
+    return None
+
+
+def check_fits(weights_path: Optional[Path], *, low_memory: bool, calibration_tokens: int) -> None:
+    """Raise :class:`InputError` (one line) when the run cannot fit."""
+    short = shortfall(weights_path, low_memory=low_memory, calibration_tokens=calibration_tokens)
+    if short is not None:
+        _refuse(short, "free memory or use a machine with more" if low_memory else "try --low-memory")
+
+
+def choose_low_memory(weights_path: Optional[Path], *, asked: bool, calibration_tokens: int,
+                      stream_refusal: Optional[str]) -> bool:
+    """Whether to stream layer by layer: asked for, or the default mode would not fit and streaming would.
+
+    ``stream_refusal`` says why this run cannot stream (None: it can). Raises
+    :class:`InputError` (one line) when neither mode fits. Switching is logged: the
+    streamed run makes the same artifact (BENCHMARKS.md, issue 13) but skips the
+    fidelity check, which needs the float model whole.
+    """
+    if asked:
+        check_fits(weights_path, low_memory=True, calibration_tokens=calibration_tokens)
+        return True
+    short = shortfall(weights_path, low_memory=False, calibration_tokens=calibration_tokens)
+    if short is None:
+        return False
+    if stream_refusal is not None:
+        _refuse(short, f"--low-memory would need less, but {stream_refusal}")
+    if shortfall(weights_path, low_memory=True, calibration_tokens=calibration_tokens) is not None:
+        low = estimate_quantize_memory(short[0].weights_bytes, low_memory=True, calibration_tokens=calibration_tokens)
+        _refuse(short, f"~{_gb(low.needed_bytes)} GB even layer by layer (--low-memory): free memory or use a "
+                       "machine with more")
+    log.warning("the default mode needs ~%s GB and this machine has %s GB available: quantizing layer by layer "
+                "instead (--low-memory: the same artifact, no fidelity check)", _gb(short[0].needed_bytes),
+                _gb(short[1]))
+    return True
+
+
+def _refuse(short: Tuple[MemoryEstimate, int], hint: str) -> None:
+    estimate, available = short
+    raise InputError(f"needs ~{_gb(estimate.needed_bytes)} GB, this machine has {_gb(available)} GB available; "
+                     f"{hint} (PTQ_PROTEIN_SKIP_MEMORY_CHECK=1 skips this check)")
 
 
 def _gb(n: int) -> str:

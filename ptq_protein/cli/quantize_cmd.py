@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Optional
 from pathlib import Path
 
 from ptq_protein.cli.auto_opts import add_auto_options, auto_budget, run_auto
@@ -81,10 +82,7 @@ def run(args: argparse.Namespace) -> int:
     out = args.out if args.out is not None else f"runs/{Path(args.model).name}-{recipe}"
     check_artifact_out(out, force=args.force)  # before calibration: refused in words, not after minutes
     out = Path(out)
-    _check_memory(args)
-    if args.low_memory:
-        if budget is not None:
-            raise ValueError("--low-memory streams one fixed recipe; drop --auto or --low-memory")
+    if _memory_mode(args, budget):
         qmodel = _quantize_streaming(args, recipe)
         summary = _summary(qmodel, out, recipe, _save(qmodel, out, args, None))
         return _report(summary, args, demo=False)
@@ -222,16 +220,10 @@ def _compare_rows(args: argparse.Namespace, loaded, compare, passes, refs) -> li
 
 def _quantize_streaming(args: argparse.Namespace, recipe: str):
     """--low-memory: layer by layer from the mapped file (no --check: the float model never exists whole)."""
-    from ptq_protein.cli.common import resolve_device
     from ptq_protein.models.loading import locate_weights
     from ptq_protein.streaming import quantize_streaming
 
-    path = locate_weights(args.model, args.weights)
-    if path is None or not path.is_file() or resolve_device(args.device) != "cpu" or (args.dtype or "float32") != "float32":
-        raise ValueError("--low-memory streams fair-esm ESM-2 .pt files on the CPU in float32; "
-                         "drop --low-memory for tiny models, Hugging Face folders, other devices or dtypes")
-    if args.backend != "fake":
-        raise ValueError("--low-memory writes backend 'fake' artifacts; drop --backend or --low-memory")
+    path = locate_weights(args.model, args.weights)  # _stream_refusal checked it is a fair-esm file on the CPU
     return quantize_streaming(path, recipe, calibration=args.calib, batch_size=args.batch_size,
                               calib_max_length=calib_crop(args, "cpu"))
 
@@ -282,13 +274,35 @@ def _print_summary(summary: dict, demo: bool) -> None:
         print_comparison(summary["comparison"], demo)
 
 
-def _check_memory(args: argparse.Namespace) -> None:
-    """Refuse, before loading, a run the estimate says cannot fit (see :mod:`ptq_protein.budget`)."""
+def _memory_mode(args: argparse.Namespace, budget) -> bool:
+    """True to stream layer by layer (``--low-memory``, or needed to fit); refuses, before loading, a run that cannot fit."""
     from ptq_protein.api import resolve_calibration
-    from ptq_protein.budget import check_fits
+    from ptq_protein.budget import choose_low_memory
     from ptq_protein.models.loading import locate_weights
 
+    refusal = _stream_refusal(args, budget)
+    if args.low_memory and refusal is not None:
+        raise ValueError(f"--low-memory does not apply here: {refusal}; drop --low-memory")
     crop = args.calib_max_length if args.calib_max_length is not None else CPU_CALIB_MAX_LENGTH
     longest = max((len(s) for s in resolve_calibration(args.calib)[1]), default=0)
     tokens = args.batch_size * ((min(longest, crop) if crop else longest) + 2)
-    check_fits(locate_weights(args.model, args.weights), low_memory=args.low_memory, calibration_tokens=tokens)
+    return choose_low_memory(locate_weights(args.model, args.weights), asked=args.low_memory,
+                             calibration_tokens=tokens, stream_refusal=refusal)
+
+
+def _stream_refusal(args: argparse.Namespace, budget) -> Optional[str]:
+    """Why this run cannot stream layer by layer (None: it can)."""
+    from ptq_protein.cli.common import resolve_device
+    from ptq_protein.models.loading import locate_weights
+
+    if budget is not None:
+        return "--auto searches recipes on the float model whole"
+    path = locate_weights(args.model, args.weights)
+    if path is None or not path.is_file() or resolve_device(args.device) != "cpu" or (args.dtype or "float32") != "float32":
+        return ("streaming reads fair-esm ESM-2 .pt files on the CPU in float32 (not tiny models, Hugging Face "
+                "folders, other devices or dtypes)")
+    if args.backend != "fake":
+        return "streaming writes backend 'fake' artifacts (drop --backend)"
+    if args.compare is not None and args.compare.strip().lower() != "none":
+        return "--compare needs the float model whole"
+    return None

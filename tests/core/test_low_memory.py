@@ -87,7 +87,48 @@ def test_memory_check_refuses_with_one_line_and_exit_2(tmp_path, monkeypatch, ca
     monkeypatch.setattr(budget, "available_memory_bytes", lambda: 1 << 20)
     code = main(["quantize", str(path), "--calib", "casp14:2", "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "needs ~" in err[0] and "try --low-memory" in err[0]
+    assert code == 2 and len(err) == 1 and "needs ~" in err[0] and "even layer by layer (--low-memory)" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
+def _between_the_modes(monkeypatch):
+    """Make the machine too small for the default mode and large enough for --low-memory."""
+    real, seen = budget.estimate_quantize_memory, {}
+
+    def estimate(size, *, low_memory, calibration_tokens):
+        seen["args"] = (size, calibration_tokens)
+        return real(size, low_memory=low_memory, calibration_tokens=calibration_tokens)
+
+    def available():
+        size, tokens = seen["args"]
+        return (real(size, low_memory=False, calibration_tokens=tokens).needed_bytes
+                + real(size, low_memory=True, calibration_tokens=tokens).needed_bytes) // 2
+
+    monkeypatch.setattr(budget, "estimate_quantize_memory", estimate)
+    monkeypatch.setattr(budget, "available_memory_bytes", available)
+
+
+def test_quantize_streams_by_itself_when_only_low_memory_fits(tmp_path, monkeypatch, caplog):
+    from safetensors.torch import load_file
+
+    path = _write_fair_esm2(tmp_path / "esm2_t6_8M_UR50D.pt")
+    common = ["quantize", str(path), "--preset", "w8a8-uniform", "--calib", "casp14:3", "--quiet"]
+    assert main(common + ["--out", str(tmp_path / "a")]) == 0  # ample memory: the default mode
+    _between_the_modes(monkeypatch)
+    with caplog.at_level("WARNING", logger="ptq_protein.budget"):
+        assert main(common + ["--out", str(tmp_path / "b")]) == 0
+    assert any("quantizing layer by layer instead" in r.getMessage() for r in caplog.records)
+    a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_no_silent_switch_when_the_run_cannot_stream(tmp_path, monkeypatch, capsys):
+    path = _write_fair_esm2(tmp_path / "esm2_t6_8M_UR50D.pt")
+    _between_the_modes(monkeypatch)
+    code = main(["quantize", str(path), "--calib", "casp14:2", "--compare", "w8a8-uniform",
+                 "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "needs ~" in err[0] and "--compare needs the float model whole" in err[0]
     assert not (tmp_path / "out").exists()
 
 
