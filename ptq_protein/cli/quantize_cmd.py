@@ -85,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     if _memory_mode(args, budget):
         qmodel = _quantize_streaming(args, recipe)
         summary = _summary(qmodel, out, recipe, _save(qmodel, out, args, None))
+        summary["low_memory"] = "asked" if args.low_memory else "chosen: only this mode fits in memory"
         return _report(summary, args, demo=False)
     loaded = load_float_model(args, args.model, mmap=True)
     demo = _is_demo(loaded)

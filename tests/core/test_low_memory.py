@@ -1,6 +1,7 @@
 """Bounded-memory quantize (issue 13): streaming mode, mapped weights, the up-front memory check."""
 
 import argparse
+import json
 
 import pytest
 import torch
@@ -108,16 +109,18 @@ def _between_the_modes(monkeypatch):
     monkeypatch.setattr(budget, "available_memory_bytes", available)
 
 
-def test_quantize_streams_by_itself_when_only_low_memory_fits(tmp_path, monkeypatch, caplog):
+def test_quantize_streams_by_itself_when_only_low_memory_fits(tmp_path, monkeypatch, caplog, capsys):
     from safetensors.torch import load_file
 
     path = _write_fair_esm2(tmp_path / "esm2_t6_8M_UR50D.pt")
     common = ["quantize", str(path), "--preset", "w8a8-uniform", "--calib", "casp14:3", "--quiet"]
     assert main(common + ["--out", str(tmp_path / "a")]) == 0  # ample memory: the default mode
+    capsys.readouterr()
     _between_the_modes(monkeypatch)
     with caplog.at_level("WARNING", logger="ptq_protein.budget"):
-        assert main(common + ["--out", str(tmp_path / "b")]) == 0
+        assert main(common + ["--out", str(tmp_path / "b"), "--json"]) == 0
     assert any("quantizing layer by layer instead" in r.getMessage() for r in caplog.records)
+    assert json.loads(capsys.readouterr().out)["low_memory"].startswith("chosen")
     a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
