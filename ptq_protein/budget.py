@@ -115,9 +115,9 @@ def choose_low_memory(weights_path: Optional[Path], *, asked: bool, calibration_
         return False
     if stream_refusal is not None:
         _refuse(short, f"--low-memory would need less, but {stream_refusal}")
-    if shortfall(weights_path, low_memory=True, calibration_tokens=calibration_tokens) is not None:
-        low = estimate_quantize_memory(short[0].weights_bytes, low_memory=True, calibration_tokens=calibration_tokens)
-        _refuse(short, f"~{_gb(low.needed_bytes)} GB even layer by layer (--low-memory): free memory or use a "
+    low = shortfall(weights_path, low_memory=True, calibration_tokens=calibration_tokens)
+    if low is not None:
+        _refuse(short, f"~{_gb(low[0].needed_bytes)} GB even layer by layer (--low-memory): free memory or use a "
                        "machine with more")
     log.warning("the default mode needs ~%s GB and this machine has %s GB available: quantizing layer by layer "
                 "instead (--low-memory: the same artifact, no fidelity check)", _gb(short[0].needed_bytes),

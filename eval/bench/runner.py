@@ -17,7 +17,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from torch import nn
 
@@ -109,8 +109,7 @@ def run_recipes(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[str], s
     if ranks.shared:
         return _run_shared(model, bench, recipes, store, evaluate, options, ranks)
     counts = dict.fromkeys(_COUNT_KINDS, 0)
-    plan = {r: [t for t in bench.targets if _pending(store, r, t, options.max_length)]
-            for r in normalize_recipes(recipes)}
+    plan = _pending_plan(bench, recipes, store, options)
     passes = _shared_passes(model, plan, options)
     for recipe, pending in plan.items():
         counts["resumed"] += len(bench.targets) - len(pending)
@@ -118,6 +117,13 @@ def run_recipes(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[str], s
             logger.info("%s: all %d targets already done", recipe, len(bench.targets))
         _run_recipe(model, recipe, pending, store, evaluate, options, counts, passes.get(recipe))
     return counts
+
+
+def _pending_plan(bench: BenchmarkSet, recipes: Sequence[str], store: ResultsStore,
+                  options: RunOptions) -> Dict[str, List[Target]]:
+    """Each recipe's targets not yet done in ``store``, recipes in run order."""
+    return {r: [t for t in bench.targets if _pending(store, r, t, options.max_length)]
+            for r in normalize_recipes(recipes)}
 
 
 def _shared_passes(model: nn.Module, plan: Mapping[str, Sequence[Target]], options: RunOptions) -> Dict[str, Any]:
@@ -144,8 +150,7 @@ def _run_shared(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[str], s
                 evaluate: EvaluateFn, options: RunOptions, ranks: Ranks) -> Dict[str, int]:
     """The pending pairs planned from one reading of the table, ``fp`` shared first, then the rest; counts summed."""
     store.refresh()
-    plan = {r: [t for t in bench.targets if _pending(store, r, t, options.max_length)]
-            for r in normalize_recipes(recipes)}
+    plan = _pending_plan(bench, recipes, store, options)
     ranks.barrier()  # every rank has planned before any rank writes
     counts = dict.fromkeys(_COUNT_KINDS, 0)
     if ranks.is_main:

@@ -281,24 +281,22 @@ def _memory_mode(args: argparse.Namespace, budget) -> bool:
     from ptq_protein.budget import choose_low_memory
     from ptq_protein.models.loading import locate_weights
 
-    refusal = _stream_refusal(args, budget)
+    path = locate_weights(args.model, args.weights)
+    refusal = _stream_refusal(args, budget, path)
     if args.low_memory and refusal is not None:
         raise ValueError(f"--low-memory does not apply here: {refusal}; drop --low-memory")
     crop = args.calib_max_length if args.calib_max_length is not None else CPU_CALIB_MAX_LENGTH
     longest = max((len(s) for s in resolve_calibration(args.calib)[1]), default=0)
     tokens = args.batch_size * ((min(longest, crop) if crop else longest) + 2)
-    return choose_low_memory(locate_weights(args.model, args.weights), asked=args.low_memory,
-                             calibration_tokens=tokens, stream_refusal=refusal)
+    return choose_low_memory(path, asked=args.low_memory, calibration_tokens=tokens, stream_refusal=refusal)
 
 
-def _stream_refusal(args: argparse.Namespace, budget) -> Optional[str]:
-    """Why this run cannot stream layer by layer (None: it can)."""
+def _stream_refusal(args: argparse.Namespace, budget, path: Optional[Path]) -> Optional[str]:
+    """Why this run cannot stream layer by layer (None: it can); ``path`` is the weights located for it."""
     from ptq_protein.cli.common import resolve_device
-    from ptq_protein.models.loading import locate_weights
 
     if budget is not None:
         return "--auto searches recipes on the float model whole"
-    path = locate_weights(args.model, args.weights)
     if path is None or not path.is_file() or resolve_device(args.device) != "cpu" or (args.dtype or "float32") != "float32":
         return ("streaming reads fair-esm ESM-2 .pt files on the CPU in float32 (not tiny models, Hugging Face "
                 "folders, other devices or dtypes)")

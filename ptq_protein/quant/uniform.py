@@ -146,8 +146,9 @@ def quantize(
     # One temporary (nan_to_num's copy), the rest in place: the swap quantizes every weight of
     # the model with this, and each fresh full-size temporary is a page-faulted allocation.
     q = torch.nan_to_num(xf, nan=0.0)
-    if q.shape != torch.broadcast_shapes(q.shape, scale.shape, zero_point.shape):
-        q = q.expand(torch.broadcast_shapes(q.shape, scale.shape, zero_point.shape)).clone()
+    shape = torch.broadcast_shapes(q.shape, scale.shape, zero_point.shape)
+    if q.shape != shape:  # parameters wider than x: the in-place ops need the broadcast shape
+        q = q.expand(shape).clone()
     q.div_(scale.to(xf.dtype)).round_().add_(zero_point.to(xf.dtype))
     return q.clamp_(qmin, qmax).to(code_dtype(bits))
 
