@@ -187,7 +187,7 @@ def calibration_sequences(adapter, calibration: CalibrationArg, calib_max_length
 
 
 def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwlq",
-             calibration: CalibrationArg = None, *, batch_size: int = 4, backend: Optional[str] = None,
+             calibration: CalibrationArg = None, *, batch_size: Optional[int] = None, backend: Optional[str] = None,
              inplace: bool = False, progress: bool = False, num_recycles: Optional[int] = None,
              calib_max_length: Optional[int] = None, statistics: Optional[CalibrationPass] = None) -> nn.Module:
     """Quantize an ESM model (fair-esm or transformers) and return it, called like the original.
@@ -200,7 +200,7 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
         a :class:`QuantConfig`, or its ``to_dict()``.
     calibration : FASTA path, bundled set spec (``"casp14:50"``), or a list of
         sequences; needed when activations are static.
-    batch_size : calibration batch size.
+    batch_size : calibration batch size (None: the model family's, 1 for ESMFold and 4 for language models).
     backend : ``"fake"`` (simulation) or ``"int8"`` (integer GEMMs); overrides the config.
     inplace : modify ``model`` itself instead of a deep copy (the CLI does: no second
         copy of the weights). Float weights are dropped as each layer is swapped.

@@ -12,6 +12,7 @@ of its own, and the returned notes say why.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from ptq_protein.api import CalibrationArg, CalibrationInfo, CalibrationPass, ca
 from ptq_protein.calibration.calibrate import calibrate
 from ptq_protein.calibration.sharing import merge_collection_specs
 from ptq_protein.calibration.sites import Site, discover_sites, select_sites
-from ptq_protein.calibration.study import study_calibrate
+from ptq_protein.calibration.study import study_calibrate, study_observers
 from ptq_protein.config import QuantConfig, SiteKind, SpecialTokens, TensorQuant
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.mapped import mapped_file_of, release_after_forward
@@ -45,7 +46,7 @@ class _Group:
 
 
 def calibrate_recipes(model: nn.Module, recipes: Sequence[Union[str, QuantConfig]], calibration: CalibrationArg, *,
-                      batch_size: int = 4, progress: bool = False, num_recycles: Optional[int] = None,
+                      batch_size: Optional[int] = None, progress: bool = False, num_recycles: Optional[int] = None,
                       calib_max_length: Optional[int] = None, inplace: bool = False
                       ) -> Tuple[Dict[str, Optional[CalibrationPass]], Dict[str, str]]:
     """Calibrate ``model`` once per group of recipes whose statistics agree.
@@ -67,37 +68,64 @@ def calibrate_recipes(model: nn.Module, recipes: Sequence[Union[str, QuantConfig
     study, notes = _plan_study(cfgs, all_sites)
     groups, more_notes = _plan([c for c in cfgs if c.study is None], all_sites)
     notes.update(more_notes)
+    notes = {name: f"was calibrated in a pass of its own ({reason})" for name, reason in notes.items()}
     passes: Dict[str, Optional[CalibrationPass]] = {name: None for name in names}
     if not groups and study is None:
         return passes, notes
+    rides = study is not None and bool(groups) and _study_can_ride(model, adapter, batch_size)
+    if rides:
+        notes.update({name: f"keeps {STUDY_STATISTICS}, observed in the forwards of the pass of "
+                            f"{', '.join(groups[0].recipes)}" for name in study.recipes})
     work = model if inplace else copy.deepcopy(model)
     adapter.prepare(work)
     with release_after_forward(work, mapped_file_of(work) if inplace else None):
         _run_passes(work, adapter, study, groups, passes, calibration, batch_size, progress, num_recycles,
-                    calib_max_length)
+                    calib_max_length, rides)
     return passes, notes
 
 
 def _run_passes(work: nn.Module, adapter, study: Optional["_StudyGroup"], groups: Sequence["_Group"],
-                passes: Dict[str, Optional[CalibrationPass]], calibration: CalibrationArg, batch_size: int,
-                progress: bool, num_recycles: Optional[int], calib_max_length: Optional[int]) -> None:
-    """The planned passes over ``work``, each recipe's entry of ``passes`` filled in."""
+                passes: Dict[str, Optional[CalibrationPass]], calibration: CalibrationArg, batch_size: Optional[int],
+                progress: bool, num_recycles: Optional[int], calib_max_length: Optional[int], rides: bool) -> None:
+    """The planned passes over ``work``, each recipe's entry of ``passes`` filled in.
+
+    With ``rides``, the study's observers join the first group's pass instead of a pass of their own.
+    """
     name, seqs = calibration_sequences(adapter, calibration, calib_max_length)
     info = CalibrationInfo.for_sequences(name, seqs)
     extra = {"num_recycles": num_recycles} if num_recycles is not None else {}
-    if study is not None:
+    if study is not None and not rides:
         log.info("calibrating once for %s (the study's pass: batch 1, whole tensors)", ", ".join(study.recipes))
         observers = study_calibrate(work, adapter, list(study.sites.values()), seqs, study.keep, study.calls, extra,
                                     progress)
-        shared = CalibrationPass(info, {}, {}, list(study.recipes), study=observers)
-        passes.update({recipe: shared for recipe in study.recipes})
-    for group in groups:
-        log.info("calibrating once for %s", ", ".join(group.recipes))
-        stats = calibrate(work, adapter, list(group.sites.values()), group.specs, seqs, batch_size=batch_size,
-                          progress=progress, forward_kwargs=extra, include_special=group.include_special)
-        shared = CalibrationPass(info, dict(group.specs), stats, list(group.recipes),
-                                 include_special=group.include_special)
-        passes.update({recipe: shared for recipe in group.recipes})
+        _fill(passes, CalibrationPass(info, {}, {}, list(study.recipes), study=observers))
+    for i, group in enumerate(groups):
+        riding = rides and i == 0
+        log.info("calibrating once for %s%s", ", ".join(group.recipes),
+                 f" and, in the same forwards, {', '.join(study.recipes)}" if riding else "")
+        with (study_observers(work, list(study.sites.values()), study.keep, study.calls) if riding
+              else contextlib.nullcontext()) as observers:
+            stats = calibrate(work, adapter, list(group.sites.values()), group.specs, seqs, batch_size=batch_size,
+                              progress=progress, forward_kwargs=extra, include_special=group.include_special)
+        if riding:
+            _fill(passes, CalibrationPass(info, {}, {}, list(study.recipes), study=observers))
+        _fill(passes, CalibrationPass(info, dict(group.specs), stats, list(group.recipes),
+                                      include_special=group.include_special))
+
+
+def _study_can_ride(work: nn.Module, adapter, batch_size: Optional[int]) -> bool:
+    """True when a pass of ours sees exactly the study pass's forwards, so its hooks can share them.
+
+    That is one sequence a forward in the given order (:meth:`ModelAdapter.batches`
+    at batch 1) with the model as it runs (calibration mode changes nothing), the
+    study's pass. Its observers then see the very tensors of a pass of their own:
+    one pass's forwards instead of two, the same statistics bit for bit.
+    """
+    return adapter.batch_size(batch_size) == 1 and adapter.calibrates_as_it_runs(work)
+
+
+def _fill(passes: Dict[str, Optional[CalibrationPass]], shared: CalibrationPass) -> None:
+    passes.update({recipe: shared for recipe in shared.recipes})
 
 
 def _plan(cfgs: Sequence[QuantConfig], all_sites: Sequence[Site]) -> Tuple[List[_Group], Dict[str, str]]:
@@ -144,7 +172,8 @@ class _StudyGroup:
     keep: int = 1
 
 
-STUDY_OWN_PASS = "a study-exact recipe collects the study's own statistics (batch 1, first calls, BOS/EOS included)"
+STUDY_STATISTICS = "the study's own statistics (batch 1, first calls, BOS/EOS included)"
+STUDY_OWN_PASS = f"a study-exact recipe collects {STUDY_STATISTICS}"
 
 
 def _plan_study(cfgs: Sequence[QuantConfig], all_sites: Sequence[Site]) -> Tuple[Optional[_StudyGroup], Dict[str, str]]:

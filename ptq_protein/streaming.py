@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Dict, List, Union
+from typing import Dict, List, Optional, Union
 
 import torch
 from torch import nn
@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 @torch.no_grad()
 def quantize_streaming(path: Union[str, Path], config: Union[str, QuantConfig, dict] = "w8a8-pwlq",
-                       calibration: CalibrationArg = None, *, batch_size: int = 4, calib_max_length=None,
+                       calibration: CalibrationArg = None, *, batch_size: Optional[int] = None, calib_max_length=None,
                        propagate: str = "fp", allow_pickle: bool = False) -> nn.Module:
     """Quantize the fair-esm ESM-2 checkpoint at ``path`` layer by layer (see the module docstring).
 

@@ -1,11 +1,14 @@
-"""The study's batch-1 calibration pass vs the plain FP forwards it rides on (issue 18).
+"""The Quickstart's calibration: the study recipe's statistics in our pass's forwards vs a pass of their own (issue 18).
 
 Toolkit check, random weights: tiny ESMFold, the Quickstart's calibration set
-(casp14:50 cropped to 128 residues), one sequence per forward. Three jobs run in
-turn, interleaved over ``--rounds``, in one process: the FP forwards alone, the
-study pass with the observer's exact pre-filter (:func:`extremes`), and the same
-pass with two plain ``torch.topk`` calls per call (the pre-filter switched off).
-Prints medians and their ratios to the FP forwards.
+(casp14:50 cropped to 128 residues) and its recipes (``w8a8-pwlq``,
+``w8a8-uniform``, ``study-w8a8-pwlq``), calibrated by
+:func:`~ptq_protein.shared_calibration.calibrate_recipes` as ``quantize`` calls
+it. Jobs run in turn, interleaved over ``--rounds``, in one process: the FP
+forwards alone (batch 1), our pass alone, all three recipes with the study's
+observers riding our batch-1 forwards (the default), and all three with the
+study's pass on its own forwards (riding switched off, as before). Prints
+medians and their ratios to the FP forwards.
 
     python scripts/bench_study_pass.py --rounds 2
 """
@@ -13,18 +16,19 @@ Prints medians and their ratios to the FP forwards.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
+from unittest import mock
 
 import torch
 
-import ptq_protein.quant.study_observer as study_observer
+from ptq_protein import shared_calibration
 from ptq_protein.api import calibration_sequences
-from ptq_protein.calibration.sites import discover_sites
-from ptq_protein.calibration.study import study_calibrate
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.tiny import tiny_esmfold
-from ptq_protein.recipes.study import STUDY_KINDS
+
+OURS = ["w8a8-pwlq", "w8a8-uniform"]
 
 
 def main() -> None:
@@ -34,27 +38,23 @@ def main() -> None:
     args = parser.parse_args()
     model, _ = tiny_esmfold()
     adapter = get_adapter(model)
-    adapter.prepare(model)
     _, seqs = calibration_sequences(adapter, args.calib, 128)
-    sites = [s for s in discover_sites(model, adapter) if s.kind in STUDY_KINDS]
-    prefilter = study_observer._PREFILTER_MIN
 
     def fp() -> None:
         with torch.no_grad():
             for seq in seqs:
                 adapter.forward(model, adapter.make_batch([seq]))
 
-    def study(min_size: int):
+    def calibrate(recipes, ride: bool = True):
         def run() -> None:
-            study_observer._PREFILTER_MIN = min_size
-            try:
-                study_calibrate(model, adapter, sites, seqs, k=2, calls=50)
-            finally:
-                study_observer._PREFILTER_MIN = prefilter
+            with contextlib.nullcontext() if ride else mock.patch.object(shared_calibration, "_study_can_ride",
+                                                                           return_value=False):
+                shared_calibration.calibrate_recipes(model, recipes, seqs, calib_max_length=128)
         return run
 
-    jobs = {"FP forwards (batch 1)": fp, "study pass, pre-filtered extremes": study(prefilter),
-            "study pass, plain topk": study(1 << 62)}
+    jobs = {"FP forwards (batch 1)": fp, "our pass alone (batch 1)": calibrate(OURS),
+            "ours + study's statistics, one set of forwards": calibrate(OURS + ["study-w8a8-pwlq"]),
+            "ours + the study's own pass (before)": calibrate(OURS + ["study-w8a8-pwlq"], ride=False)}
     times = {name: [] for name in jobs}
     for _ in range(args.rounds):
         for name, job in jobs.items():

@@ -55,7 +55,7 @@ class RunOptions:
 
     calibration: Any = "casp14:50"
     max_length: int = ESM2_MAX_RESIDUES
-    batch_size: int = 4
+    batch_size: Optional[int] = None  # None: the model family's default (ModelAdapter.calibration_batch)
     num_recycles: Optional[int] = None
     progress: bool = False
     calib_max_length: Optional[int] = None
@@ -65,6 +65,8 @@ class RunOptions:
         object.__setattr__(self, "tm_normalize", TMNormalize.parse(self.tm_normalize))
         for name in ("max_length", "batch_size"):
             value = getattr(self, name)
+            if value is None and name == "batch_size":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
         if self.num_recycles is not None and (not isinstance(self.num_recycles, int) or self.num_recycles < 0):
@@ -142,7 +144,7 @@ def _shared_passes(model: nn.Module, plan: Mapping[str, Sequence[Target]], optio
                                       progress=options.progress, num_recycles=options.num_recycles,
                                       calib_max_length=options.calib_max_length)
     for recipe, reason in notes.items():
-        logger.info("%s: %s", recipe, reason)
+        logger.info("%s %s", recipe, reason)
     return passes
 
 

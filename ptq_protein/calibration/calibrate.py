@@ -27,7 +27,7 @@ from ptq_protein.calibration.masks import align_mask, special_positions, valid_b
 from ptq_protein.calibration.matmul_sites import MatmulInterceptor, subsite_name
 from ptq_protein.quant.histogram import HistogramObserver
 from ptq_protein.quant.observers import MinMaxObserver, TopKObserver
-from ptq_protein.quant.stats import MomentsObserver
+from ptq_protein.quant.stats import Moments, MomentsObserver
 from ptq_protein.calibration.sites import Site, set_module
 
 __all__ = ["SiteStats", "calibrate", "collect_stats"]
@@ -97,7 +97,7 @@ class SiteStats:
     def copy_from(self, other: "SiteStats") -> None:
         """Take ``other``'s statistics (a site that saw exactly the same tensors)."""
         for name in self._OBSERVERS:
-            setattr(self, name, copy.deepcopy(getattr(other, name)))
+            setattr(self, name, _clone_observer(getattr(other, name)))
         self.calls, self.unmasked_calls, self.history = other.calls, other.unmasked_calls, other.history
         self.special_count = other.special_count
 
@@ -106,6 +106,25 @@ class SiteStats:
         if values.numel():
             self.special.update(torch.stack([values.amin(), values.amax()]), checked=True)
             self.special_count += values.numel()
+
+
+def _clone_observer(obs: Any) -> Any:
+    """A copy of ``obs`` that shares no mutable state with it: ``deepcopy``'s result, 20x cheaper.
+
+    Observers hold tensors (some updated in place), numbers and immutable
+    :class:`~ptq_protein.quant.stats.Moments`; an observer holding anything else
+    is deep-copied.
+    """
+    if obs is None:
+        return None
+    state = vars(obs)
+    if not all(v is None or isinstance(v, (torch.Tensor, int, float, bool, Moments)) for v in state.values()):
+        return copy.deepcopy(obs)
+    twin = copy.copy(obs)
+    for name, value in state.items():
+        if isinstance(value, torch.Tensor):
+            setattr(twin, name, value.clone())
+    return twin
 
 
 def _extremes(parts: Sequence[torch.Tensor]) -> tuple:
@@ -335,13 +354,14 @@ def _make_hook(stats: SiteStats, state: _MaskState):
 
 
 def calibrate(model: nn.Module, adapter: ModelAdapter, sites: Sequence[Site], specs: Dict[str, TensorQuant],
-              sequences: Sequence[str], batch_size: int = 8, progress: bool = False,
+              sequences: Sequence[str], batch_size: Optional[int] = None, progress: bool = False,
               forward_kwargs: Optional[dict] = None, include_special: bool = False) -> Dict[str, SiteStats]:
     """Run ``sequences`` through ``model`` and return statistics per activation site.
 
     Residue positions feed the statistics; BOS/EOS positions too with
     ``include_special`` (``SpecialTokens.INCLUDE``), and their own min/max
-    always (``SiteStats.special``). Padding never does.
+    always (``SiteStats.special``). Padding never does. ``batch_size`` None is the
+    family's default (:attr:`ModelAdapter.calibration_batch`).
 
     Sites that never saw a valid value are reported by the caller (they stay in
     floating point); a site whose layout could not be aligned with the masks is
@@ -349,8 +369,6 @@ def calibrate(model: nn.Module, adapter: ModelAdapter, sites: Sequence[Site], sp
     """
     if not sequences:
         raise InputError("the calibration set is empty: give at least one sequence (a FASTA file, a set such as casp14:50, or a list)")
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size} must be at least 1")
     forward_kwargs = forward_kwargs or {}
     batches: List[Batch] = list(adapter.batches(list(sequences), batch_size))
     iterator = batches

@@ -61,6 +61,12 @@ def calib_crop(args: argparse.Namespace, device) -> "int | None":
     return CPU_CALIB_MAX_LENGTH if str(device).startswith("cpu") else None
 
 
+def add_batch_size_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch-size", type=int, metavar="N",
+                        help="calibration batch size (default: 1 for ESMFold, whose pair tensors make padding costly, "
+                             "as the study calibrated; 4 for language models)")
+
+
 def add_tm_normalize_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tm-normalize", default="native", choices=["native", "sequence"],
                         help="TM-score/GDT length: the native's observed residues (default; 'TMscore MODEL NATIVE') "

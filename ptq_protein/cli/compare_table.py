@@ -56,8 +56,8 @@ def print_comparison(comparison: Dict[str, Any], demo: bool) -> None:
     for row in rows:
         bits = f"{_bits(row['weight_bits'])}/{_bits(row['activation_bits'])}"
         print(f"  {row['recipe']:<{width}}  {bits:>8}  {row['relative_error']:>10.4f}  {row[key]:>{len(label)}.4f}")
-    for name, reason in comparison["calibration"]["separate"].items():
-        print(f"  note: {name} was calibrated in a pass of its own ({reason})")
+    for name, note in comparison["calibration"]["notes"].items():
+        print(f"  note: {name} {note}")
 
 
 def _bits(value: Optional[int]) -> str:

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any, Dict
 
-from ptq_protein.cli.common import (add_calib_crop_option, add_json_option, add_runtime_options,
+from ptq_protein.cli.common import (add_batch_size_option, add_calib_crop_option, add_json_option, add_runtime_options,
                                     add_tm_normalize_option, calib_crop, print_json, resolve_device,
                                     show_progress)
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, load_float_model
@@ -60,7 +60,7 @@ def _add_common(p: argparse.ArgumentParser, default_recipes: str) -> None:
     p.add_argument("--targets", metavar="ID,...", help="only these target ids (in this order)")
     p.add_argument("--max-length", type=int, metavar="L",
                    help="length cap: longer targets are recorded as skipped (default: the model's limit, 1022)")
-    p.add_argument("--batch-size", type=int, default=4, help="calibration batch size (default 4)")
+    add_batch_size_option(p)
     add_calib_crop_option(p)
     add_model_options(p)
     add_runtime_options(p)

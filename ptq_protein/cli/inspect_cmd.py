@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ptq_protein.cli.common import add_json_option, add_runtime_options, print_json, show_progress
+from ptq_protein.cli.common import add_batch_size_option, add_json_option, add_runtime_options, print_json, show_progress
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, load_float_model
 
 EXAMPLES = """examples:
@@ -23,7 +23,7 @@ def register(subparsers) -> None:
     p.add_argument("model", help=MODEL_HELP)
     p.add_argument("--calib", default="casp14:50", help="calibration sequences: FASTA or bundled set (default casp14:50)")
     p.add_argument("--preset", default="w8a8-pwlq", help="recipe whose sites and quantizers are evaluated (default w8a8-pwlq)")
-    p.add_argument("--batch-size", type=int, default=4)
+    add_batch_size_option(p)
     p.add_argument("--top", type=int, default=9, help="plot the N most asymmetric sites (default 9)")
     p.add_argument("--out", help="folder for report.json, report.md and histograms.png (never an artifact folder)")
     p.add_argument("--force", action="store_true", help="replace report files an earlier inspect wrote in --out")

@@ -7,7 +7,7 @@ from typing import Optional
 from pathlib import Path
 
 from ptq_protein.cli.auto_opts import add_auto_options, auto_budget, run_auto
-from ptq_protein.cli.common import (CPU_CALIB_MAX_LENGTH, add_calib_crop_option, add_json_option,
+from ptq_protein.cli.common import (CPU_CALIB_MAX_LENGTH, add_batch_size_option, add_calib_crop_option, add_json_option,
                                     add_runtime_options, calib_crop, print_json, show_progress)
 from ptq_protein.cli.compare_table import add_check_options, compare_names, print_comparison
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, load_float_model
@@ -39,7 +39,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", help="artifact folder (default runs/<model>-<preset>)")
     p.add_argument("--force", action="store_true",
                    help="replace an existing --out artifact folder (anything else there is never replaced)")
-    p.add_argument("--batch-size", type=int, default=4, help="calibration batch size (default 4)")
+    add_batch_size_option(p)
     p.add_argument("--backend", choices=["fake", "int8"], default="fake", help="execution backend recorded in the artifact")
     p.add_argument("--num-recycles", type=int, help="ESMFold: recycles during calibration (default: the model's)")
     add_calib_crop_option(p)
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_float_model(args, args.model, mmap=True)
     demo = _is_demo(loaded)
     crop = calib_crop(args, loaded.device)
-    compare, skipped, passes, separate, alpha_search = [], [], {}, {}, None
+    compare, skipped, passes, notes, alpha_search = [], [], {}, {}, None
     if budget is None:
         compare, skipped = known_recipes([n for n in compare_names(args, demo) if n.strip() != recipe])
     check = _fidelity_references(args, loaded, crop)  # before an in-place quantization consumes the FP model
@@ -99,10 +99,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         target, alpha_search = _tuned_recipe(args, loaded, recipe, alpha, crop)
         # Without recipes to compare, the float model is calibrated and quantized in place (no second copy).
-        passes, separate = calibrate_recipes(loaded.model, [target, *compare], args.calib,
-                                             batch_size=args.batch_size, progress=show_progress(args),
-                                             num_recycles=args.num_recycles, calib_max_length=crop,
-                                             inplace=not compare)
+        passes, notes = calibrate_recipes(loaded.model, [target, *compare], args.calib,
+                                          batch_size=args.batch_size, progress=show_progress(args),
+                                          num_recycles=args.num_recycles, calib_max_length=crop,
+                                          inplace=not compare)
         qmodel = pp.quantize(loaded.model, target, calibration=args.calib, statistics=passes[recipe],
                              backend=args.backend, batch_size=args.batch_size, progress=show_progress(args),
                              num_recycles=args.num_recycles, calib_max_length=crop, inplace=not compare)
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         del qmodel  # the compared recipes are built one at a time next to the FP model
         comparison["rows"] += _compare_rows(args, loaded, compare, passes, comparison.pop("references"))
         comparison.update(skipped=skipped, calibration={"passes": len({id(p) for p in passes.values() if p}),
-                                                        "separate": separate})
+                                                        "notes": notes})
         summary["fidelity_vs_fp"] = comparison.pop("main_metrics")
         summary["comparison"] = comparison
     return _report(summary, args, demo)
@@ -287,7 +287,8 @@ def _memory_mode(args: argparse.Namespace, budget) -> bool:
         raise ValueError(f"--low-memory does not apply here: {refusal}; drop --low-memory")
     crop = args.calib_max_length if args.calib_max_length is not None else CPU_CALIB_MAX_LENGTH
     longest = max((len(s) for s in resolve_calibration(args.calib)[1]), default=0)
-    tokens = args.batch_size * ((min(longest, crop) if crop else longest) + 2)
+    # Without --batch-size, 4 (the language models' default) bounds every family's default.
+    tokens = (args.batch_size or 4) * ((min(longest, crop) if crop else longest) + 2)
     return choose_low_memory(path, asked=args.low_memory, calibration_tokens=tokens, stream_refusal=refusal)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ptq_protein.cli.common import add_calib_crop_option, add_json_option, add_runtime_options, calib_crop, print_json
+from ptq_protein.cli.common import add_batch_size_option, add_calib_crop_option, add_json_option, add_runtime_options, calib_crop, print_json
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, load_float_model
 
 EXAMPLES = """examples:
@@ -33,7 +33,7 @@ def register(subparsers) -> None:
                    help="also measure everything quantized except each unit (twice the forwards)")
     p.add_argument("--calib", default="casp14:50", help="calibration sequences (default casp14:50)")
     p.add_argument("--out", required=True, help="output folder (an earlier run with the same settings is resumed)")
-    p.add_argument("--batch-size", type=int, default=4, help="calibration batch size (default 4)")
+    add_batch_size_option(p)
     p.add_argument("--num-recycles", type=int, help="ESMFold recycles (default: the model's)")
     add_calib_crop_option(p)
     add_model_options(p)

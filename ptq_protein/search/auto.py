@@ -103,7 +103,7 @@ def unit_specs(units: Sequence[Unit], plan: Dict[str, UnitChoice]) -> Dict[str, 
 def auto_quantize(model: nn.Module, budget: Union[str, Budget, None] = None, *, max_bits_avg: Optional[float] = None,
                   calibration: Any = None, search_set: Any = "cameo139:5", holdout: Any = "cameo2022:5",
                   unit: Union[str, UnitKind] = "layer", choices: Sequence[UnitChoice] = DEFAULT_CHOICES,
-                  metric: Optional[str] = None, backend: Optional[str] = None, batch_size: int = 4,
+                  metric: Optional[str] = None, backend: Optional[str] = None, batch_size: Optional[int] = None,
                   num_recycles: Optional[int] = None, max_length: Optional[int] = None) -> nn.Module:
     """The narrowest per-unit precision plan found that meets ``budget`` on held-out sequences (module docstring).
 

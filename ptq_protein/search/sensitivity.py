@@ -45,7 +45,7 @@ SUMMARY_TOP = 10
 def sensitivity(model: nn.Module, recipe: Union[str, QuantConfig, dict] = "w8a8-pwlq",
                 sequences: Any = "cameo139:5", *, metric: Union[str, Metric] = "tm",
                 unit: Union[str, UnitKind] = "site", out_dir: Optional[Union[str, Path]] = None,
-                calibration: Any = "casp14:50", complement: bool = False, batch_size: int = 4,
+                calibration: Any = "casp14:50", complement: bool = False, batch_size: Optional[int] = None,
                 num_recycles: Optional[int] = None, max_length: Optional[int] = None,
                 workbench: Optional[Workbench] = None) -> Dict[str, Any]:
     """Rank units by how much quantizing them alone moves ``metric`` away from the FP model.

@@ -52,7 +52,7 @@ class Workbench:
     calibration : as for :func:`ptq_protein.quantize`.
     """
 
-    def __init__(self, model: nn.Module, scope: QuantConfig, calibration, *, batch_size: int = 4,
+    def __init__(self, model: nn.Module, scope: QuantConfig, calibration, *, batch_size: Optional[int] = None,
                  num_recycles: Optional[int] = None, calib_max_length: Optional[int] = None,
                  backend: Backend = Backend.FAKE, calib_spec: Optional[TensorQuant] = None):
         if SiteKind.MATMUL in scope.kinds:
@@ -79,7 +79,7 @@ class Workbench:
         self._configs: Dict[Optional[TensorQuant], QuantConfig] = {}
 
     @torch.no_grad()
-    def _calibrate(self, calibration, batch_size: int, max_length: Optional[int], spec: TensorQuant):
+    def _calibrate(self, calibration, batch_size: Optional[int], max_length: Optional[int], spec: TensorQuant):
         name, seqs = resolve_calibration(calibration)
         seqs = [crop_sequence(s, max_length) for s in self.adapter.validate(seqs, where="calibration")]
         stats = calibrate(self.model, self.adapter, self.sites, {s.name: spec for s in self.sites}, seqs,

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 @torch.no_grad()
 def gptq_model_(model: nn.Module, adapter: ModelAdapter, names: Sequence[str], weights: TensorQuant,
-                spec: GPTQSpec, sequences: Sequence[str], *, batch_size: int = 4,
+                spec: GPTQSpec, sequences: Sequence[str], *, batch_size: Optional[int] = None,
                 forward_kwargs: Optional[dict] = None) -> Dict[str, Dict[str, torch.Tensor]]:
     """GPTQ the Linears ``names`` of ``model`` in place; returns their codes as ``QuantLinear`` keyword arguments.
 

@@ -30,7 +30,7 @@ _PER_CHANNEL = TensorQuant(bits=8, granularity=Granularity.PER_CHANNEL)
 
 
 def input_channel_absmax(model: nn.Module, adapter: ModelAdapter, names: Sequence[str], sequences: Sequence[str],
-                         batch_size: int = 4, forward_kwargs: Optional[dict] = None) -> Dict[str, torch.Tensor]:
+                         batch_size: Optional[int] = None, forward_kwargs: Optional[dict] = None) -> Dict[str, torch.Tensor]:
     """Per-channel ``max |x|`` [C] of each named module's input over residue positions."""
     sites = [Site(n, SiteKind.LINEAR, adapter.group_of(n), type(model.get_submodule(n)).__name__, False) for n in names]
     stats = calibrate(model, adapter, sites, {n: _PER_CHANNEL for n in names}, sequences, batch_size=batch_size,
@@ -46,7 +46,7 @@ def input_channel_absmax(model: nn.Module, adapter: ModelAdapter, names: Sequenc
 
 @torch.no_grad()
 def smooth_model_(model: nn.Module, adapter: ModelAdapter, sequences: Sequence[str], spec: SmoothQuantSpec, *,
-                  linears: Optional[Collection[str]] = None, batch_size: int = 4,
+                  linears: Optional[Collection[str]] = None, batch_size: Optional[int] = None,
                   forward_kwargs: Optional[dict] = None) -> Dict[str, torch.Tensor]:
     """Smooth ``model`` in place; returns the factors ``s`` [C] by LayerNorm name.
 

@@ -4,6 +4,7 @@ import json
 import random
 
 import pytest
+import torch
 
 from ptq_protein.cli import compare_table
 from ptq_protein.cli.main import main
@@ -42,9 +43,11 @@ def test_quickstart_demo_prints_the_comparison_from_one_calibration_pass(tmp_pat
                           "--num-recycles", "0", "--check", "2", "--out", str(tmp_path / "a"))
     assert code == 0, err
     assert calibration_counter["passes"] == 1  # w8a8-pwlq and the demo's w8a8-uniform share the pass
-    assert calibration_counter["forwards"] == 2  # casp14:6 in batches of 4: one pass of 2 batches
-    # the study recipe is in the default comparison, calibrated by its own (batch 1) pass, and says so
-    assert "note: study-w8a8-pwlq was calibrated in a pass of its own (a study-exact recipe" in out
+    # ESMFold calibrates one sequence a forward, as the study's pass does: the study recipe of the default
+    # comparison keeps its own statistics, observed in those same 6 forwards, and says so
+    assert calibration_counter["forwards"] == 6
+    assert "note: study-w8a8-pwlq keeps the study's own statistics (batch 1, first calls, BOS/EOS included), " \
+           "observed in the forwards of the pass of w8a8-pwlq, w8a8-uniform" in out
     lines = out.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("fidelity vs the FP model"))
     assert "toolkit check, random weights" in lines[head]
@@ -55,6 +58,15 @@ def test_quickstart_demo_prints_the_comparison_from_one_calibration_pass(tmp_pat
     for row in rows:
         rel, tm = float(row[2]), float(row[3])
         assert 0 <= rel < 1 and 0 < tm <= 1
+    # the artifact does not depend on what it is compared with
+    code, _, err = _run(capsys, "quantize", "tiny-esmfold", "--bits", "8", "--calib", "casp14:6",
+                        "--num-recycles", "0", "--check", "0", "--compare", "none", "--out", str(tmp_path / "b"))
+    assert code == 0, err
+    from safetensors.torch import load_file
+
+    a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (tmp_path / "a" / "report.json").read_bytes() == (tmp_path / "b" / "report.json").read_bytes()
 
 
 def test_compare_json_carries_the_table_and_skips_unknown_recipes(tmp_path, capsys, calibration_counter, monkeypatch):
@@ -66,7 +78,7 @@ def test_compare_json_carries_the_table_and_skips_unknown_recipes(tmp_path, caps
     assert comparison["skipped"] == ["study-not-here"]
     assert [r["recipe"] for r in comparison["rows"]] == ["w8a8-pwlq", "w8a8-uniform"]
     assert all(0 <= r["top1_agreement"] <= 1 and r["weight_bits"] == 8 for r in comparison["rows"])
-    assert comparison["calibration"] == {"passes": 1, "separate": {}}
+    assert comparison["calibration"] == {"passes": 1, "notes": {}}
     assert calibration_counter["passes"] == 1
     seqs = comparison["sequences"]
     assert len(seqs["ids"]) == 2 and seqs["lengths"] == [min(128, n) for n in seqs["full_lengths"]]
@@ -94,14 +106,14 @@ def test_readme_quickstart_output_is_the_printed_format(capsys):
     ids = lines[1].split("(", 1)[1].split(";", 1)[0].split(", ")
     table = [line for line in lines[3:] if not line.lstrip().startswith("note:")]
     notes = [line.split("note: ", 1)[1] for line in lines[3:] if line.lstrip().startswith("note:")]
-    separate = {n.split(" ", 1)[0]: n.split("(", 1)[1].rsplit(")", 1)[0] for n in notes}
+    notes = dict(n.split(" ", 1) for n in notes)
     rows = [line.split() for line in table]
     comparison = {
         "sequences": {"source": "the 3 median-length calibration sequences of 50", "ids": ids,
                       "lengths": [128] * 3, "full_lengths": [200] * 3},
         "rows": [{"recipe": r[0], "weight_bits": int(r[1].split("/")[0]), "activation_bits": int(r[1].split("/")[1]),
                   "relative_error": float(r[2]), "tm_vs_fp": float(r[3])} for r in rows],
-        "calibration": {"passes": 2, "separate": separate},
+        "calibration": {"passes": 1, "notes": notes},
     }
     compare_table.print_comparison(comparison, demo=True)
     assert capsys.readouterr().out == block

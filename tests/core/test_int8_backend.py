@@ -57,8 +57,10 @@ def test_first_site_accumulators_identical(esm2, seqs):
 
 
 def test_esmfold_int8_matches_fake(esmfold, seqs):
-    fake = pp.quantize(esmfold, "w8a8-uniform", calibration=seqs[:2], num_recycles=0)
-    real = pp.quantize(esmfold, "w8a8-uniform", calibration=seqs[:2], num_recycles=0, backend="int8")
+    # batch 2: the calibration the end-to-end bounds below were measured with. With ESMFold's default (batch 1)
+    # ranges one early flip cascades (1.9e-2, 7.5% of codes); the per-site check at the end holds either way.
+    fake = pp.quantize(esmfold, "w8a8-uniform", calibration=seqs[:2], num_recycles=0, batch_size=2)
+    real = pp.quantize(esmfold, "w8a8-uniform", calibration=seqs[:2], num_recycles=0, backend="int8", batch_size=2)
     adapter = get_adapter(esmfold)
     batch = adapter.make_batch([seqs[1][:12]])
     with torch.no_grad():

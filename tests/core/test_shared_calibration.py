@@ -97,6 +97,58 @@ def test_study_recipes_share_one_batch_1_pass_and_equal_calibrating_alone(esm2, 
         pp.quantize(esm2, narrow, statistics=passes["study-a8-pwlq"])
 
 
+def _counting_study_passes(monkeypatch):
+    from ptq_protein import api
+
+    runs = []
+    real = shared_calibration.study_calibrate
+
+    def counting(*args, **kwargs):
+        runs.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(shared_calibration, "study_calibrate", counting)
+    monkeypatch.setattr(api, "study_calibrate", counting)
+    return runs
+
+
+def _same_state(a, b, label):
+    for key, value in b.state_dict().items():
+        assert torch.equal(a.state_dict()[key], value), (label, key)
+    assert a.ptq_state.report == b.ptq_state.report and a.ptq_state.calibration == b.ptq_state.calibration
+
+
+def test_study_statistics_ride_a_batch_1_pass_of_ours_bit_for_bit(esm2, seqs, calibration_counter, monkeypatch):
+    runs = _counting_study_passes(monkeypatch)
+    recipes = ["w8a8-pwlq", "w8a8-uniform", "study-w8a8-pwlq"]
+    passes, notes = shared_calibration.calibrate_recipes(esm2, recipes, seqs, batch_size=1)
+    counts = dict(calibration_counter)
+    assert runs == [] and counts["passes"] == 1 and counts["forwards"] == len(seqs)  # one forward a sequence
+    assert passes["study-w8a8-pwlq"].study and not passes["w8a8-pwlq"].study
+    assert list(notes) == ["study-w8a8-pwlq"]
+    assert "observed in the forwards of the pass of w8a8-pwlq, w8a8-uniform" in notes["study-w8a8-pwlq"]
+    for recipe in recipes:
+        shared = pp.quantize(esm2, recipe, statistics=passes[recipe])
+        alone = pp.quantize(esm2, recipe, calibration=seqs, batch_size=1)  # study-*: its own pass, as the study
+        _same_state(shared, alone, recipe)
+    assert runs == [1]  # only the study recipe quantized alone ran a study pass
+
+
+def test_study_statistics_keep_their_own_pass_unless_the_forwards_are_the_studys(esm2, esmfold, seqs, monkeypatch):
+    runs = _counting_study_passes(monkeypatch)
+    _, notes = shared_calibration.calibrate_recipes(esm2, ["w8a8-pwlq", "study-w8a8-pwlq"], seqs, batch_size=2)
+    assert runs == [1] and "pass of its own" in notes["study-w8a8-pwlq"]  # padded batches: not the study's tensors
+    short = [s[:12] for s in seqs[:2]]
+    _, notes = shared_calibration.calibrate_recipes(esmfold, ["w8a8-pwlq", "study-w8a8-pwlq"], short)
+    assert runs == [1] and "observed in the forwards" in notes["study-w8a8-pwlq"]  # ESMFold's default: batch 1
+    esmfold.trunk.set_chunk_size(4)  # calibration unchunks the trunk; the study's pass runs it as it is
+    try:
+        _, notes = shared_calibration.calibrate_recipes(esmfold, ["w8a8-pwlq", "study-w8a8-pwlq"], short)
+    finally:
+        esmfold.trunk.set_chunk_size(None)
+    assert runs == [1, 1] and "pass of its own" in notes["study-w8a8-pwlq"]
+
+
 def test_bos_eos_in_the_statistics_is_a_pass_of_its_own(esm2, seqs):
     include = pp.get_preset("w8a8-uniform").replace(name="uniform-include", special_tokens="include")
     passes, notes = shared_calibration.calibrate_recipes(esm2, ["w8a8-uniform", include], seqs, batch_size=2)
