@@ -88,6 +88,24 @@ def build_models(model, seqs: Sequence[str], presets: Sequence[str], reference: 
     return models
 
 
+def exact_knots_twin(fast: torch.nn.Module, tokens: torch.Tensor) -> torch.nn.Module:
+    """A copy of a PWLQ int8 model whose site plans take only exactly stored knots (the rule before 2026-12-03).
+
+    Plans are built at a module's first forward, so that forward runs with the
+    knot tolerance set to 0; the copy keeps those plans.
+    """
+    from ptq_protein.nn import cpu_pwlq
+
+    twin = copy.deepcopy(fast)
+    saved, cpu_pwlq._KNOT_ROUNDING = cpu_pwlq._KNOT_ROUNDING, 0.0
+    try:
+        with torch.no_grad():
+            twin(tokens)
+    finally:
+        cpu_pwlq._KNOT_ROUNDING = saved
+    return twin
+
+
 def time_forwards(models: Dict[str, torch.nn.Module], tokens: torch.Tensor, reps: int) -> Dict[str, tuple]:
     """(median, fastest) seconds and engine per model over ``reps`` interleaved rounds (after one warm-up each).
 
@@ -154,12 +172,19 @@ def tail_rates(model, tokens: torch.Tensor) -> Dict[str, float]:
             "tail columns / K": round(counts["tail_cols"] / max(counts["tail_sites"], 1), 3)}
 
 
-def tail_table(big, big_tokens, label: str) -> List[list]:
+def tail_table(big, big_tokens, label: str, exact_knots: bool = False) -> List[list]:
     import ptq_protein as pp
     from ptq_protein.models.adapters import get_adapter
     from ptq_protein.models.tiny import tiny_esm2
+    from ptq_protein.nn import cpu_pwlq
 
     rows = [[f"{label} (this benchmark)", *tail_rates(big, big_tokens).values()]]
+    if exact_knots:
+        saved, cpu_pwlq._KNOT_ROUNDING = cpu_pwlq._KNOT_ROUNDING, 0.0
+        try:
+            rows.append([f"{label}, exact knots only", *tail_rates(big, big_tokens).values()])
+        finally:
+            cpu_pwlq._KNOT_ROUNDING = saved
     seqs = random_sequences(6, 48, seed=5)
     for label, outliers in (("tiny-esm2 (demo outliers)", "demo"), ("tiny-esm2, no outliers", None)):
         kwargs = {} if outliers == "demo" else {"outliers": None}
@@ -260,6 +285,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--reference", default=",".join(INT_PRESETS),
                         help="presets also timed on the reference engine (comma-separated; '' for none)")
     parser.add_argument("--no-memory", action="store_true", help="skip the 150M memory subprocesses")
+    parser.add_argument("--exact-knots", action="store_true",
+                        help="also time w8a8-pwlq int8 with plans that take only exactly stored knots (as before)")
     parser.add_argument("--memory-only", action="store_true", help="only the 150M memory subprocesses")
     parser.add_argument("--memory-child", nargs=2, metavar=("KIND", "ARTIFACT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -293,6 +320,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     presets = [p for p in args.presets.split(",") if p]
     models = build_models(model, random_sequences(args.calib_seqs, shape.seq_len, seed=1), presets,
                           [p for p in args.reference.split(",") if p])
+    if args.exact_knots and "w8a8-pwlq, int8 fast" in models:
+        models["w8a8-pwlq, int8 fast, exact knots only"] = exact_knots_twin(models["w8a8-pwlq, int8 fast"], tokens)
     goals = GOALS_VNNI if "VNNI)" in facts and "no VNNI" not in facts else GOALS_AVX2
     t = time_forwards(models, tokens, args.reps)
     print(markdown_table(["model", "engine", "forward ms (median)", "vs FP32", "fastest ms", "vs FP32 (fastest)",
@@ -301,7 +330,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("## PWLQ sites: codes outside the base region, int8 GEMMs per site, tail columns (mean)\n")
         print(markdown_table(["model", "codes outside base", "int8 GEMMs per site", "sites with a tail GEMM",
                               "tail columns / K"],
-                             tail_table(models["w8a8-pwlq, int8 fast"], tokens, shape.describe())) + "\n")
+                             tail_table(models["w8a8-pwlq, int8 fast"], tokens, shape.describe(),
+                                        args.exact_knots)) + "\n")
     if not args.no_memory:
         print_memory(args.threads, args.quick)
     return 0

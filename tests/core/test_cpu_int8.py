@@ -68,7 +68,11 @@ def _books():
     # at code 8 exactly, so the second centre piece is one operand (q - 8)
     hinge = PiecewiseCodebook(8, (-128, -96, 9, 104), (-97, 8, 103, 127), (0.5, -0.125, -0.25, -10.0),
                               (1 / 16, 1 / 64, 1 / 32, 1 / 8), (-3.6, 0.015625, 2.984375))
-    return [sym, asym, hinge]
+    # as the presets store them: the same knot at code 8, missed by the float32 rounding of the offsets
+    rounded = PiecewiseCodebook(8, (-128, -96, 9, 104), (-97, 8, 103, 127),
+                                (0.5, -0.0439318, float(torch.tensor(-0.0439318 - 0.0041 * 8)), -10.0),
+                                (1 / 16, 0.0220, 0.0220 + 0.0041, 1 / 8), (-3.6, 0.015625, 2.984375))
+    return [sym, asym, hinge, rounded]
 
 
 def _pwlq_inputs(m, k, gen, tails):
@@ -83,7 +87,7 @@ def _pwlq_inputs(m, k, gen, tails):
 
 
 @pytest.mark.parametrize("m,k,n", SHAPES)
-@pytest.mark.parametrize("book", range(3))
+@pytest.mark.parametrize("book", range(4))
 @pytest.mark.parametrize("tails", ["none", "columns", "rare", "everywhere"])
 def test_pwlq_matches_reference(m, k, n, book, tails):
     cb = _books()[book]
@@ -92,7 +96,9 @@ def test_pwlq_matches_reference(m, k, n, book, tails):
     w, w_scale, bias = _codes(n, k, gen, -127), torch.rand(n, generator=gen) + 0.01, torch.randn(n, generator=gen)
     packed = cpu_int8.prepack(w, w_scale)
     plan = cpu_pwlq.pwlq_plan(cb, packed, bias)
-    assert [r.hinge for r in plan.regions] == ([None, 8, None] if book == 2 else [None] * len(plan.regions))
+    # knots: asym's left tail line meets the base line at code -100 (0.275 - 0.0035 * 100 == 1.055 - 0.0113 * 100
+    # up to the rounding of the decimal literals); the hinge books at code 8
+    assert [r.hinge for r in plan.regions] == [[None] * 2, [-100, None, None], [None, 8, None], [None, 8, None]][book]
     ops = cpu_pwlq.pwlq_operands(codes, plan)
     for _, _, operand in ops.dense:  # every int8 correction GEMM's accumulators are the exact integers
         assert torch.equal(cpu_int8.accumulators(operand, packed), int_matmul(operand, w))
