@@ -4,7 +4,10 @@ Calibration is the costly part of quantizing, and its statistics are mostly
 recipe-independent (see :mod:`ptq_protein.calibration.sharing`): recipes whose
 per-site statistics agree are calibrated together, on the union of their sites,
 in one pass; a recipe that needs different statistics at some site gets a pass
-of its own, and the returned notes say why.
+of its own, and the returned notes say why. The ``study-*`` recipes keep the
+study's own statistics; their observers ride the first pass when its forwards
+are the study's (one sequence each, in order, the model as it runs: ESMFold's
+default), else they get a batch-1 pass of their own.
 
     passes, notes = calibrate_recipes(model, ["w8a8-pwlq", "w8a8-uniform"], "casp14:50")
     qmodels = {name: pp.quantize(model, name, statistics=passes[name]) for name in passes}
@@ -54,7 +57,8 @@ def calibrate_recipes(model: nn.Module, recipes: Sequence[Union[str, QuantConfig
     Returns ``(passes, notes)``: ``passes`` maps each recipe name to the
     :class:`CalibrationPass` to give ``pp.quantize(..., statistics=)`` (None when
     the recipe needs no calibration); ``notes`` maps a recipe that could not join
-    an earlier pass to the reason. ``model`` is not modified: passes run on a copy,
+    an earlier pass to why (``"was calibrated in a pass of its own (...)"``), and
+    a study recipe whose observers rode a pass of ours to which. ``model`` is not modified: passes run on a copy,
     or, with ``inplace`` (what ``pp.quantize(inplace=True)`` does next anyway), on
     ``model`` itself with the adapter's run-time settings applied to it, no second
     copy of the weights, and memory-mapped weights handed back after each layer's forward.
