@@ -272,6 +272,11 @@ def test_tm_normalize_sequence_counts_unobserved_native_residues(tmp_path, tiny_
     assert "normalised by the prediction's full sequence length" in out["summary"].read_text()
     with pytest.raises(ValueError, match="tm_normalize"):  # resuming with the other normalisation is refused
         evaluate_structure(tiny_esmfold, bench, ["fp"], out_dir, FAST)
+    # the calibration batch size is recorded resolved (ESMFold's default: 1), and a resume may not change it
+    assert json.loads((out_dir / "run.json").read_text())["calibration_batch_size"] == 1
+    with pytest.raises(ValueError, match="calibration_batch_size: 1 -> 2"):
+        evaluate_structure(tiny_esmfold, bench, ["fp"], out_dir,
+                           RunOptions(calibration=None, num_recycles=0, tm_normalize="sequence", batch_size=2))
 
 
 def test_run_options_reject_an_unknown_tm_normalize():

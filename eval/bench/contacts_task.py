@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ptq_protein.eval.bench.runner import (FP_RECIPE, RunOptions, normalize_recipes, open_run, prediction_path,
-                                           run_recipes)
+                                           run_identity, run_recipes)
 from ptq_protein.eval.bench.summary import MetricSpec, write_outputs
 from ptq_protein.io_utils import atomic_write_bytes
 from ptq_protein.eval.bench.distributed import SINGLE, Ranks
@@ -68,7 +68,8 @@ def evaluate_contacts(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[s
 
     _check_family(get_adapter(model).family)
     out_dir = Path(out_dir)
-    with open_run(out_dir, {"command": "eval contacts", **(run_info or {})}, CONTACT_COLUMNS, ranks) as store:
+    info = {"command": "eval contacts", **(run_info or {}), **run_identity(model, options)}
+    with open_run(out_dir, info, CONTACT_COLUMNS, ranks) as store:
         return _run(model, bench, recipes, out_dir, store, options, note, ranks)
 
 

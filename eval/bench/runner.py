@@ -73,6 +73,18 @@ class RunOptions:
             raise ValueError(f"num_recycles={self.num_recycles!r} must be a non-negative integer")
 
 
+def run_identity(model: nn.Module, options: RunOptions) -> Dict[str, Any]:
+    """What of ``options`` decides the rows and goes into ``run.json``: the calibration batch size, resolved.
+
+    ``batch_size=None`` means the model family's default, which a release may
+    change: the resolved number is recorded, so a resumed run never mixes rows
+    of models calibrated differently (a ``run.json`` without it is refused).
+    """
+    from ptq_protein.models.adapters import get_adapter
+
+    return {"calibration_batch_size": get_adapter(model).batch_size(options.batch_size)}
+
+
 def normalize_recipes(recipes: Iterable[str]) -> Tuple[str, ...]:
     """Validated preset names, ``fp`` first (added when missing: every recipe is compared with it), no repeats.
 

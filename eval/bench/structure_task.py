@@ -25,7 +25,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Union
 from torch import nn
 
 from ptq_protein.eval.bench.runner import (FP_RECIPE, RunOptions, normalize_recipes, open_run, prediction_path,
-                                           run_recipes)
+                                           run_identity, run_recipes)
 from ptq_protein.eval.bench.summary import MetricSpec, write_outputs
 from ptq_protein.io_utils import atomic_write_text
 from ptq_protein.eval.bench.distributed import SINGLE, Ranks
@@ -74,7 +74,8 @@ def evaluate_structure(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[
 
     require_esmfold(model)
     out_dir = Path(out_dir)
-    run_info = {"command": "eval structure", **(run_info or {}), "tm_normalize": options.tm_normalize.value}
+    run_info = {"command": "eval structure", **(run_info or {}), "tm_normalize": options.tm_normalize.value,
+                **run_identity(model, options)}
     with open_run(out_dir, run_info, STRUCTURE_COLUMNS, ranks) as store:
         return _run(model, bench, recipes, out_dir, store, options, note, ranks)
 
