@@ -270,7 +270,8 @@ class HFEsmFoldAdapter(ModelAdapter):
     family = "hf-esmfold"
     groups = ("esm", "trunk", "structure")
     # Pair tensors make padding cost L^2 (triangle attention L^3): one sequence a forward is
-    # faster on CPU (tiny-esmfold, casp14:50 cropped to 128: 24 s vs 28.5 s at batch 4), and is the study's pass.
+    # faster on CPU (tiny-esmfold with 2 recycles, casp14:50 cropped to 128: 24 s vs 28.5 s at batch 4), and is
+    # the study's pass.
     calibration_batch = 1
     norm_linear_pairs = _HF_ESM_PAIRS + _ESMFOLD_TRUNK_PAIRS
     head_globs = ("distogram_head*", "ptm_head*", "lm_head*", "lddt_head*", "esm.contact_head*",
