@@ -17,6 +17,10 @@ __all__ = ["MOVED", "install"]
 
 MOVED = {
     "ptq_protein.adapters": "ptq_protein.models.adapters",
+    "ptq_protein.budget": "ptq_protein.workflows.memory_budget",
+    "ptq_protein.recipe_compare": "ptq_protein.workflows.recipe_compare",
+    "ptq_protein.shared_calibration": "ptq_protein.workflows.shared_calibration",
+    "ptq_protein.streaming": "ptq_protein.workflows.streaming",
     "ptq_protein.architecture": "ptq_protein.models.architecture",
     "ptq_protein.calibrate": "ptq_protein.calibration.calibrate",
     "ptq_protein.convert": "ptq_protein.nn.convert",

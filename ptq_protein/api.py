@@ -81,7 +81,7 @@ class CalibrationPass:
 
     ``specs`` are the per-site specs the statistics were collected with (see
     :mod:`ptq_protein.calibration.sharing`); ``recipes`` names the recipes this
-    pass was planned for (made by :func:`ptq_protein.shared_calibration.calibrate_recipes`).
+    pass was planned for (made by :func:`ptq_protein.workflows.shared_calibration.calibrate_recipes`).
     """
 
     info: CalibrationInfo
@@ -209,7 +209,7 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
         window of this many residues (None keeps them whole). ESMFold's triangle
         attention is cubic in length, so long sequences dominate CPU calibration.
     statistics : a :class:`CalibrationPass` from an earlier pass over this same
-        model (``ptq_protein.shared_calibration.calibrate_recipes``): used instead of
+        model (``ptq_protein.workflows.shared_calibration.calibrate_recipes``): used instead of
         calibrating, so several recipes share one pass; ``calibration``,
         ``batch_size``, ``num_recycles`` and ``calib_max_length`` are then unused.
         A pass that lacks this recipe's statistics is refused (ValueError).

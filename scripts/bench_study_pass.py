@@ -3,7 +3,7 @@
 Toolkit check, random weights: tiny ESMFold, the Quickstart's calibration set
 (casp14:50 cropped to 128 residues) and its recipes (``w8a8-pwlq``,
 ``w8a8-uniform``, ``study-w8a8-pwlq``), calibrated by
-:func:`~ptq_protein.shared_calibration.calibrate_recipes` as ``quantize`` calls
+:func:`~ptq_protein.workflows.shared_calibration.calibrate_recipes` as ``quantize`` calls
 it. Jobs run in turn, interleaved over ``--rounds``, in one process: the FP
 forwards alone (batch 1), our pass alone, all three recipes with the study's
 observers riding our batch-1 forwards (the default), and all three with the
@@ -23,7 +23,7 @@ from unittest import mock
 
 import torch
 
-from ptq_protein import shared_calibration
+from ptq_protein.workflows import shared_calibration
 from ptq_protein.api import calibration_sequences
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.tiny import tiny_esmfold

@@ -288,7 +288,8 @@ def test_run_options_reject_an_unknown_tm_normalize():
 
 def test_recipes_of_one_run_share_calibration_passes_and_give_the_rows_of_separate_runs(tmp_path, user_set,
                                                                                           monkeypatch):
-    from ptq_protein import api, shared_calibration
+    from ptq_protein import api
+    from ptq_protein.workflows import shared_calibration
 
     calls = []
     for module in (api, shared_calibration):

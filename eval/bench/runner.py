@@ -150,7 +150,7 @@ def _shared_passes(model: nn.Module, plan: Mapping[str, Sequence[Target]], optio
             and any(length_status(t, options.max_length) is None for t in targets)]
     if len(todo) < 2 or options.calibration is None:
         return {}
-    from ptq_protein.shared_calibration import calibrate_recipes
+    from ptq_protein.workflows.shared_calibration import calibrate_recipes
 
     passes, notes = calibrate_recipes(model, todo, options.calibration, batch_size=options.batch_size,
                                       progress=options.progress, num_recycles=options.num_recycles,

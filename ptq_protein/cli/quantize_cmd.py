@@ -69,8 +69,8 @@ def _recipe_name(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     import ptq_protein as pp
-    from ptq_protein.recipe_compare import known_recipes
-    from ptq_protein.shared_calibration import calibrate_recipes
+    from ptq_protein.workflows.recipe_compare import known_recipes
+    from ptq_protein.workflows.shared_calibration import calibrate_recipes
 
     from ptq_protein.artifact import check_artifact_out
 
@@ -154,7 +154,7 @@ def _tuned_recipe(args: argparse.Namespace, loaded, recipe: str, alpha, crop):
     cfg = get_preset(recipe)
     if alpha != "auto":
         return cfg.replace(smoothquant=dataclasses.replace(cfg.smoothquant, alpha=alpha)), None
-    from ptq_protein.recipe_compare import choose_fidelity_sequences
+    from ptq_protein.workflows.recipe_compare import choose_fidelity_sequences
     from ptq_protein.search.smoothquant_alpha import search_smoothquant_alpha
 
     chosen = choose_fidelity_sequences(args.calib, max(args.check, 1), crop)
@@ -191,7 +191,7 @@ def _fidelity_references(args: argparse.Namespace, loaded, crop):
     """The check's sequences and their FP outputs (kept for every recipe compared), or None with --check 0."""
     from ptq_protein.eval.bench.fidelity import reference_outputs
     from ptq_protein.models.mapped import mapped_file_of, release_after_forward
-    from ptq_protein.recipe_compare import choose_fidelity_sequences
+    from ptq_protein.workflows.recipe_compare import choose_fidelity_sequences
 
     if args.check <= 0:
         return None
@@ -203,7 +203,7 @@ def _fidelity_references(args: argparse.Namespace, loaded, crop):
 
 def _fidelity(qmodel, check) -> dict:
     """The main recipe's row of the fidelity table."""
-    from ptq_protein.recipe_compare import recipe_row
+    from ptq_protein.workflows.recipe_compare import recipe_row
 
     chosen, refs = check
     row = recipe_row(qmodel.ptq_state.config, qmodel, refs)
@@ -211,7 +211,7 @@ def _fidelity(qmodel, check) -> dict:
 
 
 def _compare_rows(args: argparse.Namespace, loaded, compare, passes, refs) -> list:
-    from ptq_protein.recipe_compare import compare_recipes
+    from ptq_protein.workflows.recipe_compare import compare_recipes
 
     rows = compare_recipes(loaded.model, compare, passes, refs, backend=args.backend, calibration=args.calib,
                            batch_size=args.batch_size, num_recycles=args.num_recycles,
@@ -222,7 +222,7 @@ def _compare_rows(args: argparse.Namespace, loaded, compare, passes, refs) -> li
 def _quantize_streaming(args: argparse.Namespace, recipe: str):
     """--low-memory: layer by layer from the mapped file (no --check: the float model never exists whole)."""
     from ptq_protein.models.loading import locate_weights
-    from ptq_protein.streaming import quantize_streaming
+    from ptq_protein.workflows.streaming import quantize_streaming
 
     path = locate_weights(args.model, args.weights)  # _stream_refusal checked it is a fair-esm file on the CPU
     return quantize_streaming(path, recipe, calibration=args.calib, batch_size=args.batch_size,
@@ -278,7 +278,7 @@ def _print_summary(summary: dict, demo: bool) -> None:
 def _memory_mode(args: argparse.Namespace, budget) -> bool:
     """True to stream layer by layer (``--low-memory``, or needed to fit); refuses, before loading, a run that cannot fit."""
     from ptq_protein.api import resolve_calibration
-    from ptq_protein.budget import choose_low_memory
+    from ptq_protein.workflows.memory_budget import choose_low_memory
     from ptq_protein.models.loading import locate_weights
 
     path = locate_weights(args.model, args.weights)

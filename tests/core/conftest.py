@@ -12,7 +12,8 @@ def calibration_counter(monkeypatch):
     Wraps ``calibrate`` where the library calls it and every adapter class's
     ``forward``, so a forward counts only while a calibration pass is running.
     """
-    from ptq_protein import api, shared_calibration
+    from ptq_protein import api
+    from ptq_protein.workflows import shared_calibration
     from ptq_protein.models.adapters import ModelAdapter
 
     counts = {"passes": 0, "forwards": 0}

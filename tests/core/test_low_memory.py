@@ -7,13 +7,13 @@ import pytest
 import torch
 
 import ptq_protein as pp
-from ptq_protein import budget
+from ptq_protein.workflows import memory_budget as budget
 from ptq_protein.cli.main import main
 from ptq_protein.models.loading import load_model
 from ptq_protein.models.mapped import mapped_file_of
 from ptq_protein.models.tiny import build_tiny
 from ptq_protein.nn.convert import cache_dequantized_weights
-from ptq_protein.streaming import quantize_streaming
+from ptq_protein.workflows.streaming import quantize_streaming
 
 SEQS = ["MKTAYIAKQRQISFVKSHFSRQ", "GSHMLEDPVAGK", "MQIFVKTLTGKTITLEVEPSDTIENVKAKIQDKEG"]
 
@@ -117,7 +117,7 @@ def test_quantize_streams_by_itself_when_only_low_memory_fits(tmp_path, monkeypa
     assert main(common + ["--out", str(tmp_path / "a")]) == 0  # ample memory: the default mode
     capsys.readouterr()
     _between_the_modes(monkeypatch)
-    with caplog.at_level("WARNING", logger="ptq_protein.budget"):
+    with caplog.at_level("WARNING", logger="ptq_protein.workflows.memory_budget"):
         assert main(common + ["--out", str(tmp_path / "b"), "--json"]) == 0
     assert any("quantizing layer by layer instead" in r.getMessage() for r in caplog.records)
     assert json.loads(capsys.readouterr().out)["low_memory"].startswith("chosen")

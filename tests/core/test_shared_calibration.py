@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import ptq_protein as pp
-from ptq_protein import shared_calibration
+from ptq_protein.workflows import shared_calibration
 from ptq_protein.calibration.sharing import StatsNeeds, merge_collection_specs
 from ptq_protein.config import Granularity, RangeMethod, Scheme, TensorQuant
 from ptq_protein.models.adapters import get_adapter

@@ -2,7 +2,7 @@
 
 Every recipe is checked on the same sequences against FP outputs computed once,
 and quantized from the calibration passes of
-:func:`ptq_protein.shared_calibration.calibrate_recipes` (one pass for all the
+:func:`ptq_protein.workflows.shared_calibration.calibrate_recipes` (one pass for all the
 recipes whose statistics agree). Each recipe's quantized copy is dropped before
 the next is built, so memory holds the FP model plus one quantized copy.
 """

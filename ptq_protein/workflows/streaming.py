@@ -37,7 +37,6 @@ from ptq_protein.calibration.calibrate import collect_stats
 from ptq_protein.calibration.sites import discover_sites, select_sites
 from ptq_protein.config import QuantConfig, SiteKind
 from ptq_protein.errors import InputError
-from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.checkpoints import load_torch_checkpoint
 from ptq_protein.models.fair_esm2 import esm2_skeleton, fair_esm2_state, fill_missing_regression
 from ptq_protein.models.mapped import MappedFile, trim_heap
