@@ -25,6 +25,7 @@ VNNI / AMX flags. No number is asserted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import statistics
@@ -94,16 +95,22 @@ def exact_knots_twin(fast: torch.nn.Module, tokens: torch.Tensor) -> torch.nn.Mo
     Plans are built at a module's first forward, so that forward runs with the
     knot tolerance set to 0; the copy keeps those plans.
     """
+    twin = copy.deepcopy(fast)
+    with exact_knots_only(), torch.no_grad():
+        twin(tokens)
+    return twin
+
+
+@contextlib.contextmanager
+def exact_knots_only():
+    """PWLQ plans built inside take a knot only when it is stored exactly (knot tolerance 0)."""
     from ptq_protein.nn import cpu_pwlq
 
-    twin = copy.deepcopy(fast)
     saved, cpu_pwlq._KNOT_ROUNDING = cpu_pwlq._KNOT_ROUNDING, 0.0
     try:
-        with torch.no_grad():
-            twin(tokens)
+        yield
     finally:
         cpu_pwlq._KNOT_ROUNDING = saved
-    return twin
 
 
 def time_forwards(models: Dict[str, torch.nn.Module], tokens: torch.Tensor, reps: int) -> Dict[str, tuple]:
@@ -176,15 +183,11 @@ def tail_table(big, big_tokens, label: str, exact_knots: bool = False) -> List[l
     import ptq_protein as pp
     from ptq_protein.models.adapters import get_adapter
     from ptq_protein.models.tiny import tiny_esm2
-    from ptq_protein.nn import cpu_pwlq
 
     rows = [[f"{label} (this benchmark)", *tail_rates(big, big_tokens).values()]]
     if exact_knots:
-        saved, cpu_pwlq._KNOT_ROUNDING = cpu_pwlq._KNOT_ROUNDING, 0.0
-        try:
+        with exact_knots_only():
             rows.append([f"{label}, exact knots only", *tail_rates(big, big_tokens).values()])
-        finally:
-            cpu_pwlq._KNOT_ROUNDING = saved
     seqs = random_sequences(6, 48, seed=5)
     for label, outliers in (("tiny-esm2 (demo outliers)", "demo"), ("tiny-esm2, no outliers", None)):
         kwargs = {} if outliers == "demo" else {"outliers": None}

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 
 from torch import nn
 
-from ptq_protein.models.adapters import ESM2_MAX_RESIDUES
+from ptq_protein.models.adapters import ESM2_MAX_RESIDUES, get_adapter
 from ptq_protein.eval.bench.distributed import SINGLE, Ranks
 from ptq_protein.eval.bench.results_store import STATUS_OK, TEXT_COLUMNS, ResultsStore, check_run_info, is_done
 from ptq_protein.eval.tmscore import TMNormalize
@@ -80,8 +80,6 @@ def run_identity(model: nn.Module, options: RunOptions) -> Dict[str, Any]:
     change: the resolved number is recorded, so a resumed run never mixes rows
     of models calibrated differently (a ``run.json`` without it is refused).
     """
-    from ptq_protein.models.adapters import get_adapter
-
     return {"calibration_batch_size": get_adapter(model).batch_size(options.batch_size)}
 
 

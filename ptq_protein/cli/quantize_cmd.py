@@ -279,6 +279,7 @@ def _memory_mode(args: argparse.Namespace, budget) -> bool:
     """True to stream layer by layer (``--low-memory``, or needed to fit); refuses, before loading, a run that cannot fit."""
     from ptq_protein.api import resolve_calibration
     from ptq_protein.workflows.memory_budget import choose_low_memory
+    from ptq_protein.models.adapters import ModelAdapter
     from ptq_protein.models.loading import locate_weights
 
     path = locate_weights(args.model, args.weights)
@@ -287,8 +288,8 @@ def _memory_mode(args: argparse.Namespace, budget) -> bool:
         raise ValueError(f"--low-memory does not apply here: {refusal}; drop --low-memory")
     crop = args.calib_max_length if args.calib_max_length is not None else CPU_CALIB_MAX_LENGTH
     longest = max((len(s) for s in resolve_calibration(args.calib)[1]), default=0)
-    # Without --batch-size, 4 (the language models' default) bounds every family's default.
-    tokens = (args.batch_size or 4) * ((min(longest, crop) if crop else longest) + 2)
+    # Without --batch-size, the base default (the language models') bounds every family's.
+    tokens = (args.batch_size or ModelAdapter.calibration_batch) * ((min(longest, crop) if crop else longest) + 2)
     return choose_low_memory(path, asked=args.low_memory, calibration_tokens=tokens, stream_refusal=refusal)
 
 

@@ -117,7 +117,7 @@ def _run_passes(work: nn.Module, adapter, study: Optional["_StudyGroup"], groups
                                       include_special=group.include_special))
 
 
-def _study_can_ride(work: nn.Module, adapter, batch_size: Optional[int]) -> bool:
+def _study_can_ride(model: nn.Module, adapter, batch_size: Optional[int]) -> bool:
     """True when a pass of ours sees exactly the study pass's forwards, so its hooks can share them.
 
     That is one sequence a forward in the given order (:meth:`ModelAdapter.batches`
@@ -125,7 +125,7 @@ def _study_can_ride(work: nn.Module, adapter, batch_size: Optional[int]) -> bool
     study's pass. Its observers then see the very tensors of a pass of their own:
     one pass's forwards instead of two, the same statistics bit for bit.
     """
-    return adapter.batch_size(batch_size) == 1 and adapter.calibrates_as_it_runs(work)
+    return adapter.batch_size(batch_size) == 1 and adapter.calibrates_as_it_runs(model)
 
 
 def _fill(passes: Dict[str, Optional[CalibrationPass]], shared: CalibrationPass) -> None:
