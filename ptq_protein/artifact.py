@@ -15,7 +15,9 @@ with ``force`` and only when it is an artifact). Loading verifies everything
 before building the model: the tensor file's size and sha256, and that every
 field of ``recipe.json`` equals the copy sealed in the tensor file's header
 (:mod:`ptq_protein.artifact_seal`), so an edited scale, bit width or backend is
-refused with the field's name. Version-1 artifacts (no seal) are refused: re-quantize.
+refused with the field's name, and that every tensor matches the sealed digest
+``tensors_sha256``. Only regular files inside the folder are read. Versions 1 (no
+seal) and 2 (tensors not bound) are refused: re-quantize.
 """
 
 from __future__ import annotations
