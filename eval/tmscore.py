@@ -135,7 +135,32 @@ def paired_ca(model: Any, native: Any, pairing: Union[str, Pairing] = "number",
     if not both.any():
         hint = " (try pairing='sequence' if the numbering differs)" if Pairing.parse(pairing) is Pairing.NUMBER else ""
         raise InputError(f"{model_s.source} and {native_s.source} have no residues with CA in common{hint}")
+    _warn_on_poor_pairing(model_s, native_s, im[both], jn[both], pairing)
     return model_ca[both], native_ca[both], length
+
+
+_MIN_PAIRED = 0.5    # fewer paired residues than this share of the shorter chain's: say so
+_MIN_IDENTITY = 0.5  # fewer identical residue names among the pairs: the chains may be unrelated
+
+
+def _warn_on_poor_pairing(model_s, native_s, im, jn, pairing) -> None:
+    """Warn when few residues pair, or paired residue names disagree (TMscore prints the aligned sequences)."""
+    paired, problems = len(im), []
+    # the shorter side bounds the pairs (a native's unobserved residues never pair; not a pairing problem)
+    fewer = min(int(np.isfinite(s.ca).all(-1).sum()) for s in (model_s, native_s))
+    if fewer and paired < _MIN_PAIRED * fewer:
+        problems.append(f"only {paired} of {fewer} residues pair")
+    names = [(model_s.sequence[i], native_s.sequence[j]) for i, j in zip(im.tolist(), jn.tolist())
+             if model_s.sequence[i] != "X" and native_s.sequence[j] != "X"]
+    if names:
+        identity = sum(a == b for a, b in names) / len(names)
+        if identity < _MIN_IDENTITY:
+            problems.append(f"only {identity:.0%} of paired residues have the same amino acid")
+    if problems:
+        hint = ("; if the numbering differs, use pairing='sequence'" if Pairing.parse(pairing) is Pairing.NUMBER
+                else "; are these the same protein?")
+        warnings.warn(f"{model_s.source} vs {native_s.source}: {' and '.join(problems)}, so the score may compare "
+                      f"unrelated residues{hint}", stacklevel=3)
 
 
 def tm_score_batch(pairs: Sequence[tuple], lengths: Optional[Sequence[int]] = None, *,

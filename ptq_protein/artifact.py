@@ -15,7 +15,9 @@ with ``force`` and only when it is an artifact). Loading verifies everything
 before building the model: the tensor file's size and sha256, and that every
 field of ``recipe.json`` equals the copy sealed in the tensor file's header
 (:mod:`ptq_protein.artifact_seal`), so an edited scale, bit width or backend is
-refused with the field's name. Version-1 artifacts (no seal) are refused: re-quantize.
+refused with the field's name, and that every tensor matches the sealed digest
+``tensors_sha256``. Only regular files inside the folder are read. Versions 1 (no
+seal) and 2 (tensors not bound) are refused: re-quantize.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ from ptq_protein import __version__
 from ptq_protein.api import CalibrationInfo, QuantState
 from ptq_protein.models.architecture import build_architecture, describe_architecture
 from ptq_protein.config import Backend, QuantConfig, SiteKind, TensorQuant
-from ptq_protein.artifact_seal import (SEAL_KEY, canonical_json, check_files_entry, check_recipe_object,
-                                      check_sealed, file_sha256)
+from ptq_protein.artifact_seal import (SEAL_KEY, TENSORS_DIGEST, canonical_json, check_files_entry,
+                                      check_recipe_object, check_sealed, check_tensors, file_sha256, plain_file,
+                                      tensors_sha256)
 from ptq_protein.errors import ArtifactError
 from ptq_protein.io_utils import atomic_dir, check_out_path
 from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
@@ -50,22 +53,40 @@ from ptq_protein.calibration.sites import Site, set_module
 __all__ = ["save", "load", "is_artifact_dir", "check_artifact_out", "ARTIFACT_FORMAT", "ARTIFACT_VERSION"]
 
 ARTIFACT_FORMAT = "ptq-protein-artifact"
-ARTIFACT_VERSION = 2  # 2: recipe sealed in the tensor file's header; 1 had no seal
+ARTIFACT_VERSION = 3  # 3: the seal binds the tensors' digest too; 2: recipe sealed, tensors not; 1 had no seal
 TENSORS, RECIPE, REPORT_JSON, REPORT_MD = "model.safetensors", "recipe.json", "report.json", "report.md"
 
 
+ARTIFACT_FILES = (TENSORS, RECIPE, REPORT_JSON, REPORT_MD)  # everything save() writes: all that --force may replace
+
+
 def is_artifact_dir(path: Union[str, Path]) -> bool:
-    """True for a folder whose recipe.json says it is a ptq-protein artifact (any version): what --force may replace."""
+    """True for a folder whose recipe.json says it is a ptq-protein artifact (any version): never write into it."""
     try:
         recipe = json.loads((Path(path) / RECIPE).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
     return Path(path).is_dir() and isinstance(recipe, dict) and recipe.get("format") == ARTIFACT_FORMAT
 
 
+def _replaceable_artifact(path: Path) -> bool:
+    """What ``--force`` may replace: an artifact folder holding only the files an artifact consists of.
+
+    A folder with anything else (a user's notes, predictions) is refused, naming the first such file, so
+    ``--force`` never deletes what it did not write.
+    """
+    if path.is_symlink() or (path / RECIPE).is_symlink() or not is_artifact_dir(path):
+        return False
+    foreign = sorted(p.name for p in path.iterdir() if p.name not in ARTIFACT_FILES or not p.is_file() or p.is_symlink())
+    if foreign:
+        raise FileExistsError(f"{path} holds {foreign[0]!r}, which is not part of a ptq-protein artifact; --force "
+                              "replaces only an artifact's own files: move it away or choose another path")
+    return True
+
+
 def check_artifact_out(path: Union[str, Path], force: bool = False) -> None:
     """Refuse an artifact destination that cannot be written, or may not be replaced, before quantizing."""
-    check_out_path(path, force=force, replaceable=is_artifact_dir, what="ptq-protein artifact folder")
+    check_out_path(path, force=force, replaceable=_replaceable_artifact, what="ptq-protein artifact folder")
 
 
 _OPTIONAL_DISTRIBUTIONS = {"transformers": "transformers", "esm": "fair-esm"}
@@ -144,7 +165,7 @@ def save(qmodel: nn.Module, path: Union[str, Path], *, force: bool = False,
     path = Path(path)
     sites = {s.name: e for s in state.sites if (e := _site_entry(qmodel, s)) is not None}
     tensors, aliases = _tensor_dict(qmodel, sites)
-    with atomic_dir(path, force=force, replaceable=is_artifact_dir, what="ptq-protein artifact folder") as tmp:
+    with atomic_dir(path, force=force, replaceable=_replaceable_artifact, what="ptq-protein artifact folder") as tmp:
         (tmp / REPORT_JSON).write_text(json.dumps(state.report, indent=2, default=str))
         (tmp / REPORT_MD).write_text(report_markdown(state.report, title=f"{state.config.name} per-site report"))
         recipe = {
@@ -157,6 +178,7 @@ def save(qmodel: nn.Module, path: Union[str, Path], *, force: bool = False,
             "aliases": aliases, "versions": _versions(),
             "reports": {name: file_sha256(tmp / name) for name in (REPORT_JSON, REPORT_MD)},
             "mixed_precision": None if state.plan is None else state.plan.to_dict(),
+            TENSORS_DIGEST: tensors_sha256(tensors),
         }
         recipe = json.loads(json.dumps(recipe))  # exactly what recipe.json will hold (tuples -> lists)
         save_file(tensors, str(tmp / TENSORS), metadata={"format": ARTIFACT_FORMAT, SEAL_KEY: canonical_json(recipe)})
@@ -168,21 +190,22 @@ def save(qmodel: nn.Module, path: Union[str, Path], *, force: bool = False,
 def _read_recipe(path: Path) -> Dict[str, Any]:
     if not path.is_dir():
         raise ArtifactError(f"{path} is not an artifact folder (expected {RECIPE} and {TENSORS}); run 'ptq-protein quantize ... --out {path}'")
+    if not (path / RECIPE).exists() and not (path / RECIPE).is_symlink():
+        raise ArtifactError(f"{path} has no {RECIPE}: not a ptq-protein artifact, or an incomplete copy")
     try:
-        recipe = json.loads((path / RECIPE).read_text())
-    except FileNotFoundError as err:
-        raise ArtifactError(f"{path} has no {RECIPE}: not a ptq-protein artifact, or an incomplete copy") from err
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ArtifactError(f"{path / RECIPE} is not valid JSON ({getattr(err, 'msg', err)}); the artifact is corrupt: "
-                            "re-run quantize") from err
+        recipe = json.loads(plain_file(path, RECIPE).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
+        raise ArtifactError(f"{path / RECIPE} is not valid JSON ({getattr(err, 'msg', type(err).__name__)}); the "
+                            "artifact is corrupt: re-run quantize") from err
     check_recipe_object(recipe, path / RECIPE)
     if recipe.get("format") != ARTIFACT_FORMAT:
         raise ArtifactError(f"{path / RECIPE} field format is {recipe.get('format')!r}, not {ARTIFACT_FORMAT!r}: "
                             "not a ptq-protein recipe")
     version = recipe.get("format_version")
-    if version == 1:
-        raise ArtifactError(f"{path} is a format-1 artifact: its recipe.json is not sealed, so its quantizer "
-                            "parameters cannot be verified; re-run quantize with this release to make a verifiable one")
+    if version in (1, 2):
+        unsealed = "its recipe.json is not sealed" if version == 1 else "its seal does not cover the tensors"
+        raise ArtifactError(f"{path} is a format-{version} artifact: {unsealed}, so its quantizer parameters cannot "
+                            "be verified; re-run quantize with this release to make a verifiable one")
     if version != ARTIFACT_VERSION:
         raise ArtifactError(f"{path / RECIPE} field format_version is {version!r}; this release reads "
                             f"{ARTIFACT_VERSION}: re-run quantize")
@@ -194,9 +217,7 @@ def _verify(path: Path, recipe: Dict[str, Any]) -> None:
     from safetensors import safe_open
 
     expected = check_files_entry(recipe, TENSORS, path / RECIPE)
-    file = path / TENSORS
-    if not file.exists():
-        raise ArtifactError(f"{file} is missing; the artifact is incomplete: re-run quantize")
+    file = plain_file(path, TENSORS)
     if file.stat().st_size != expected["bytes"]:
         raise ArtifactError(f"{file} has {file.stat().st_size} bytes but {RECIPE} field files/{TENSORS}/bytes records "
                             f"{expected['bytes']}: the file is truncated or was replaced; re-run quantize")
@@ -209,8 +230,15 @@ def _verify(path: Path, recipe: Dict[str, Any]) -> None:
     except Exception as err:  # safetensors raises its own error types for malformed headers
         raise ArtifactError(f"{file} could not be read ({err}); re-run quantize") from err
     check_sealed(recipe, sealed, path / RECIPE, file)
-    for name, sha in recipe["reports"].items():
-        if not (path / name).is_file() or file_sha256(path / name) != sha:
+    reports = recipe.get("reports")
+    if not isinstance(reports, dict) or set(reports) != {REPORT_JSON, REPORT_MD}:
+        raise ArtifactError(f"{path / RECIPE} field reports must list exactly {REPORT_JSON} and {REPORT_MD}; the "
+                            "artifact is corrupt: re-run quantize")
+    for name, sha in reports.items():
+        if not (path / name).exists() and not (path / name).is_symlink():
+            raise ArtifactError(f"{path / name} is missing; the artifact was modified: re-run quantize (or restore "
+                                "the file)")
+        if file_sha256(plain_file(path, name)) != sha:
             raise ArtifactError(f"{path / name} is missing or differs from {RECIPE} field reports/{name}: the artifact "
                                 "was modified; re-run quantize (or restore the file)")
 
@@ -251,6 +279,7 @@ def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = N
         tensors = load_file(str(path / TENSORS))
     except Exception as err:  # safetensors raises its own error types for malformed files
         raise ArtifactError(f"{path / TENSORS} could not be read ({err}); re-run quantize") from err
+    check_tensors(recipe, tensors, path / RECIPE, path / TENSORS)
     config = QuantConfig.from_dict(recipe["config"])
     if backend is not None:
         config = config.replace(backend=Backend(backend))
@@ -276,7 +305,7 @@ def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = N
     apply_special_tokens_(model, adapter, config)
     sites = [Site(s["name"], SiteKind(s["kind"]), s["group"], s["module_type"], s["is_head"]) for s in recipe["site_list"]]
     calib = recipe.get("calibration")
-    report = json.loads((path / REPORT_JSON).read_text()) if (path / REPORT_JSON).exists() else []
+    report = json.loads((path / REPORT_JSON).read_text())  # verified above: a plain file with the sealed sha256
     plan = recipe.get("mixed_precision")
     try:
         plan = None if plan is None else MixedPlan.from_dict(plan)

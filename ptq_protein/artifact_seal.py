@@ -10,7 +10,13 @@ section (the *body*) is written, as canonical JSON, into the metadata header of
 - an edit of any body field (a scale, a bit width, a deleted key, a NaN, a type
   change) no longer matches the sealed copy, and the message names that field;
 - an edit of the tensor file, or of its sealed copy, changes its sha256;
-- an edit of ``files`` no longer matches the tensor file.
+- an edit of ``files`` no longer matches the tensor file;
+- an edit of any tensor (a weight code, a scale) no longer matches the digest of
+  every tensor's name, dtype, shape and bytes (``tensors_sha256``), which is part
+  of the sealed body: rewriting ``files`` to match an edited tensor file is not enough.
+
+Only plain files inside the folder are read (:func:`plain_file`): a link (to
+``/dev/zero``, to another artifact's file) or a FIFO is refused before it is opened.
 
 The report files' sha256 are part of the body, so they are covered too. This is
 protection against accidents and naive edits, not a signature: whoever can
@@ -24,16 +30,62 @@ from __future__ import annotations
 
 import hashlib
 import json
+import stat
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
 from ptq_protein.errors import ArtifactError
 
-__all__ = ["SEAL_KEY", "canonical_json", "first_difference", "recipe_body", "file_sha256",
-           "check_files_entry", "check_sealed", "check_recipe_object"]
+__all__ = ["SEAL_KEY", "TENSORS_DIGEST", "canonical_json", "first_difference", "recipe_body", "file_sha256",
+           "tensors_sha256", "check_tensors", "plain_file", "check_files_entry", "check_sealed", "check_recipe_object"]
 
 SEAL_KEY = "recipe"  # safetensors metadata key holding the canonical JSON of the recipe body
 FILES = "files"      # the one recipe section outside the seal (it records the sealed tensor file's checksum)
+TENSORS_DIGEST = "tensors_sha256"  # sealed recipe field: digest of the tensors themselves (see tensors_sha256)
+
+
+def plain_file(folder: Path, name: str) -> Path:
+    """``folder / name`` if it is a regular file (not a link, FIFO or device); else an ArtifactError.
+
+    ``name`` must be a plain file name: a recipe cannot point the loader outside its folder.
+    """
+    if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise ArtifactError(f"{folder} names the file {name!r}, which is not a plain file name inside the artifact "
+                            "folder; the artifact is corrupt: re-run quantize")
+    path = folder / name
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError as err:
+        raise ArtifactError(f"{path} is missing; the artifact is incomplete: re-run quantize") from err
+    if stat.S_ISLNK(mode) or not stat.S_ISREG(mode):
+        what = "a link" if stat.S_ISLNK(mode) else "not a regular file"
+        raise ArtifactError(f"{path} is {what}; an artifact is read only from regular files inside its folder: "
+                            "copy the real file there, or re-run quantize")
+    return path
+
+
+def tensors_sha256(tensors: Mapping[str, Any]) -> str:
+    """sha256 over every tensor's name, dtype, shape and raw bytes, in name order (independent of file layout)."""
+    import torch
+
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}\0{str(tensor.dtype)}\0{tuple(tensor.shape)}\0".encode())
+        if tensor.numel():
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def check_tensors(recipe: Mapping[str, Any], tensors: Mapping[str, Any], where: Path, file: Path) -> None:
+    """Refuse tensors whose digest differs from the sealed ``tensors_sha256`` (an edited code or scale)."""
+    expected = recipe.get(TENSORS_DIGEST)
+    if not isinstance(expected, str):
+        raise ArtifactError(f"{where} has no field {TENSORS_DIGEST}, so the tensors in {file.name} cannot be "
+                            "verified; re-run quantize")
+    if tensors_sha256(tensors) != expected:
+        raise ArtifactError(f"{file} holds tensors that differ from the digest sealed in {where.name} (field "
+                            f"{TENSORS_DIGEST}): a weight code or scale was edited or corrupted; re-run quantize")
 
 
 def file_sha256(path: Path) -> str:

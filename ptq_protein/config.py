@@ -299,6 +299,7 @@ class QuantConfig:
             raise ValueError(f"backend 'int8' runs integer codes, but the {' and '.join(fp8)} of recipe {self.name!r} "
                              "are FP8; run FP8 with backend='fake' (exact float8 simulation)")
         self._check_study()
+        self._check_int8()
         if self.version != CONFIG_VERSION:
             raise ValueError(f"config version {self.version} is not supported (this is version {CONFIG_VERSION}); re-quantize with this release")
 
@@ -321,6 +322,17 @@ class QuantConfig:
             raise ValueError("the study's weights are scheme 'study_uniform', per_channel (per row; 1-D per tensor)")
         if self.backend is not Backend.FAKE:
             raise ValueError("study-* recipes simulate in float (backend 'fake'), as the study did")
+
+    def _check_int8(self) -> None:
+        """backend 'int8' runs integer GEMMs on codes of at most 8 bits and uniform weights: refused when built."""
+        if self.backend is not Backend.INT8:
+            return
+        for label, spec in (("weights", self.weights), ("activations", self.activations)):
+            if spec is not None and spec.bits > 8:
+                raise ValueError(f"backend 'int8' runs at most 8-bit codes but {label} are {spec.bits}-bit; "
+                                 "use backend='fake'")
+        if self.weights is not None and self.weights.scheme is not Scheme.UNIFORM:
+            raise ValueError("backend 'int8' needs uniform weights (piecewise-linear weights run with backend='fake')")
 
     def replace(self, **changes: Any) -> "QuantConfig":
         return dataclasses.replace(self, **changes)

@@ -186,9 +186,12 @@ def _read_text(source: PathOrText, where: Optional[str]) -> Tuple[str, str]:
         raise TypeError(f"read_fasta takes a path, FASTA text or bytes, got {type(source).__name__}")
     path = Path(source)
     label = where or str(path)
-    if not path.is_file():
+    if not path.exists():
         raise InputError(f"{label}: FASTA file not found; check the path")
-    data = path.read_bytes()
+    if path.is_dir() or path.is_char_device() or path.is_block_device():
+        kind = "a folder" if path.is_dir() else "a device"
+        raise InputError(f"{label} is {kind}, not a FASTA file; give the path of a FASTA file")
+    data = path.read_bytes()  # a regular file, or a pipe such as <(zcat seqs.fasta.gz)
     if data[:2] == b"\x1f\x8b":
         try:
             data = gzip.decompress(data)

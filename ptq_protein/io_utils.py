@@ -46,7 +46,7 @@ from ptq_protein.errors import BusyError, InputError
 PathLike = Union[str, os.PathLike]
 
 __all__ = ["atomic_write_text", "atomic_write_bytes", "atomic_dir", "check_out_path", "safe_stem",
-           "folder_lock", "file_lock", "LOCK_NAME", "current_umask"]
+           "folder_lock", "file_lock", "LOCK_NAME", "current_umask", "env_flag"]
 
 logger = logging.getLogger(__name__)
 
@@ -257,3 +257,15 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+_YES, _NO = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def env_flag(name: str) -> bool:
+    """A yes/no environment variable: ``1/true/yes/on`` and ``0/false/no/off`` (or unset); anything else refused."""
+    raw = os.environ.get(name, "")
+    value = raw.strip().lower()
+    if value in _YES or value in _NO:
+        return value in _YES
+    raise InputError(f"{name}={raw!r} is not a yes/no value; set it to 1 or 0, or unset it")

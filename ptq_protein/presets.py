@@ -34,8 +34,13 @@ for _family in _FAMILIES:
 def get_preset(name: str) -> QuantConfig:
     try:
         return PRESETS[name]
-    except KeyError:
-        raise ValueError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)} (or build a pp.QuantConfig)") from None
+    except (KeyError, TypeError):
+        import difflib
+
+        close = difflib.get_close_matches(str(name), list(PRESETS), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(f"unknown preset {name!r}; {hint}choose one of: {', '.join(PRESETS)} "
+                         "(or build a pp.QuantConfig)") from None
 
 
 def preset_for_bits(bits: int) -> str:

@@ -19,7 +19,8 @@ A run that failed before scoring anything may be rerun with other settings
 (its ``run.json`` is replaced, with a warning).
 
 Validation on open: a row with missing or extra cells (a truncated line), an
-unknown status, an empty key or a non-numeric metric in an ``ok`` row is
+unknown status, an empty key, a non-numeric or non-finite metric in an ``ok``
+row, or an ``ok`` row without one of the task's ``required`` metrics is
 dropped with a warning (it is rerun); repeated keys keep one copy when they are
 identical and are all dropped (rerun) when they disagree. The repaired table is
 written back, so nothing is ever counted twice.
@@ -78,9 +79,12 @@ class ResultsStore:
     columns : the column order; must start with ``target, recipe`` and contain ``status``.
         An existing file with a different header is refused (use another folder).
     text_columns : columns whose cells are text (everything else must parse as a number on resume).
+    required : columns every ``ok`` row holds as a finite number (the headline metric). :meth:`put`
+        turns an ``ok`` row without one into an ``error`` row, so it is rerun and never averaged.
     """
 
-    def __init__(self, path: Union[str, Path], columns: Sequence[str], text_columns: Sequence[str] = TEXT_COLUMNS):
+    def __init__(self, path: Union[str, Path], columns: Sequence[str], text_columns: Sequence[str] = TEXT_COLUMNS,
+                 required: Sequence[str] = ()):
         columns = tuple(columns)
         if columns[:2] != KEY_COLUMNS or "status" not in columns or len(set(columns)) != len(columns):
             raise ValueError(f"results columns {columns} must start with {KEY_COLUMNS}, include 'status' "
@@ -88,6 +92,9 @@ class ResultsStore:
         self.path = Path(path)
         self.columns = columns
         self.text_columns = tuple(text_columns)
+        self.required = tuple(required)
+        if set(self.required) - set(columns):
+            raise ValueError(f"required columns {sorted(set(self.required) - set(columns))} are not in {columns}")
         self._rows: Dict[Key, Dict[str, str]] = {}
         if self.path.exists():
             with self._lock():
@@ -127,9 +134,14 @@ class ResultsStore:
         if missing:
             raise ValueError(f"result row {dict(row)} lacks {missing}")
         key = (str(row["recipe"]), str(row["target"]))
+        cells = {c: _format(row.get(c)) for c in self.columns}
+        problem = self._row_problem(cells)
+        if problem and cells["status"] == STATUS_OK:
+            logger.warning("%s / %s: %s; recorded as an error, so it is rerun", key[0], key[1], problem)
+            cells["status"] = f"error: {problem}"
         with self._lock():  # read-merge-write: rows other processes added meanwhile survive
             self.refresh(locked=True)
-            self._rows[key] = {c: _format(row.get(c)) for c in self.columns}
+            self._rows[key] = cells
             self._save()
 
     def refresh(self, locked: bool = False) -> None:
@@ -186,12 +198,18 @@ class ResultsStore:
             return f"unknown status {row['status'][:40]!r}"
         if row["status"] == STATUS_OK:
             for column in self.columns:
-                if column in (*KEY_COLUMNS, "status", *self.text_columns) or row[column] == "":
+                if column in (*KEY_COLUMNS, "status", *self.text_columns):
+                    continue
+                if row[column] == "":
+                    if column in self.required:
+                        return f"{column} is missing (an ok row needs it)"
                     continue
                 try:
-                    float(row[column])
+                    value = float(row[column])
                 except ValueError:
                     return f"{column} {row[column][:40]!r} is not a number"
+                if not math.isfinite(value):
+                    return f"{column} is {row[column]!r}, not a finite number"
         return None
 
     def _save(self) -> None:

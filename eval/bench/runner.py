@@ -200,36 +200,38 @@ def _run_recipe(model: nn.Module, recipe: str, pending: Sequence[Target], store:
 
 @contextlib.contextmanager
 def open_run(out_dir: Path, run_info: Mapping[str, Any], columns: Sequence[str],
-             ranks: Ranks = SINGLE) -> Iterator[ResultsStore]:
+             ranks: Ranks = SINGLE, required: Sequence[str] = ()) -> Iterator[ResultsStore]:
     """The results table of ``out_dir``, held for one run: a second run into the folder is refused meanwhile.
 
-    Checks ``run.json`` against ``run_info`` (a run that scored nothing may change it). With several
+    Checks ``run.json`` against ``run_info`` (a run that scored nothing may change it); ``required``:
+    the columns every ok row holds as a finite number (see :class:`ResultsStore`). With several
     ``ranks``, rank 0 holds the folder and checks; a refusal there ends every rank with the same line.
     """
     if not ranks.shared:
-        with _held_run(Path(out_dir), run_info, columns) as store:
+        with _held_run(Path(out_dir), run_info, columns, required) as store:
             yield store
         return
     with contextlib.ExitStack() as stack:
         error = None
         if ranks.is_main:
             try:
-                store = stack.enter_context(_held_run(Path(out_dir), run_info, columns))
+                store = stack.enter_context(_held_run(Path(out_dir), run_info, columns, required))
             except (ValueError, OSError) as e:
                 error = e
         ranks.agree(error)
         if not ranks.is_main:
-            store = ResultsStore(Path(out_dir) / "results.csv", columns)
+            store = ResultsStore(Path(out_dir) / "results.csv", columns, required=required)
         yield store
 
 
 @contextlib.contextmanager
-def _held_run(out_dir: Path, run_info: Mapping[str, Any], columns: Sequence[str]) -> Iterator[ResultsStore]:
+def _held_run(out_dir: Path, run_info: Mapping[str, Any], columns: Sequence[str],
+              required: Sequence[str]) -> Iterator[ResultsStore]:
     if not out_dir.is_dir():
         check_out_path(out_dir, what="output folder")
     out_dir.mkdir(parents=True, exist_ok=True)
     with folder_lock(out_dir):
-        store = ResultsStore(out_dir / "results.csv", columns)
+        store = ResultsStore(out_dir / "results.csv", columns, required=required)
         check_run_info(out_dir, run_info, scored=any(is_done(row) for row in store))
         yield store
 

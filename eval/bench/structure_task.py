@@ -76,7 +76,7 @@ def evaluate_structure(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[
     out_dir = Path(out_dir)
     run_info = {"command": "eval structure", **(run_info or {}), "tm_normalize": options.tm_normalize.value,
                 **run_identity(model, options)}
-    with open_run(out_dir, run_info, STRUCTURE_COLUMNS, ranks) as store:
+    with open_run(out_dir, run_info, STRUCTURE_COLUMNS, ranks, required=("tm_fidelity",)) as store:
         return _run(model, bench, recipes, out_dir, store, options, note, ranks)
 
 
@@ -132,6 +132,8 @@ def _fold_and_score(model: nn.Module, bench: BenchmarkSet, target: Target, recip
     row: Dict[str, Any] = {"plddt": plddt, "pdb": path.relative_to(out_dir).as_posix()}
     if target.native_path is not None:
         row.update(score_prediction(pdb_text, bench.native_text(target), target.numbering, options.tm_normalize))
+        if not math.isfinite(row["tm_score"]):  # an ok row's metrics are finite: this one is an error, rerun later
+            raise ValueError(f"TM-score against the native is not finite for {target.id}")
     if recipe == FP_RECIPE:
         row.update(tm_fidelity=1.0, rmsd_vs_fp=0.0)
     else:

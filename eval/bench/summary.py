@@ -117,7 +117,7 @@ def render_summary(rows: Sequence[Mapping[str, Any]], recipes: Sequence[str], ta
     lines = [f"# {title}", ""]
     if note:
         lines += [f"> **Note:** {note}", ""]
-    lines += [f"{len(target_ids)} targets x {len(recipes)} recipes; {_status_line(rows, recipes)}", ""]
+    lines += [f"{len(target_ids)} targets x {len(recipes)} recipes; {_status_line(rows, recipes, head)}", ""]
     lines += [line for d in details for line in (d, "")]
     lines += [f"## {head.label}", "",
               "| recipe | n | mean | median | Δ mean vs FP [95% CI] | wins / losses / ties |",
@@ -228,13 +228,16 @@ def _limits(values: Sequence[float]) -> Tuple[float, float]:
     return lo - pad, hi + pad
 
 
-def _status_line(rows: Sequence[Mapping[str, Any]], recipes: Sequence[str]) -> str:
+def _status_line(rows: Sequence[Mapping[str, Any]], recipes: Sequence[str], head: MetricSpec) -> str:
+    """Counts per recipe; where some ok rows have no headline value (no native), how many do: the table's n."""
     parts = []
     for recipe in recipes:
         mine = [r for r in rows if r["recipe"] == recipe]
         ok = sum(r["status"] == "ok" for r in mine)
         skipped = sum(r["status"].startswith("skipped") for r in mine)
-        parts.append(f"{recipe}: {ok} ok, {skipped} skipped, {len(mine) - ok - skipped} failed")
+        scored = len(_values(rows, recipe, head.column))
+        with_head = f" ({scored} with {head.column})" if scored != ok else ""
+        parts.append(f"{recipe}: {ok} ok{with_head}, {skipped} skipped, {len(mine) - ok - skipped} failed")
     return "; ".join(parts) + "."
 
 

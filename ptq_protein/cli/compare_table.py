@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 # The comparison the embedded demos (tiny-esmfold, tiny-esm2, ...) run by default, so the first
 # command shows what the recipe buys against the uniform baseline and against the study's own
@@ -56,9 +56,13 @@ def print_comparison(comparison: Dict[str, Any], demo: bool) -> None:
     for row in rows:
         bits = f"{_bits(row['weight_bits'])}/{_bits(row['activation_bits'])}"
         print(f"  {row['recipe']:<{width}}  {bits:>8}  {row['relative_error']:>10.4f}  {row[key]:>{len(label)}.4f}")
+        if "avg_bits" in row:
+            print(f"  note: {row['recipe']} is a mixed plan: widths per unit as shown, {row['avg_bits']:.2f} bits "
+                  "per value on average")
     for name, note in comparison["calibration"]["notes"].items():
         print(f"  note: {name} {note}")
 
 
-def _bits(value: Optional[int]) -> str:
+def _bits(value: Union[int, str, None]) -> str:
+    """A width as printed: None is floating point; a mixed plan's span (``"4-8"``) prints as it is."""
     return "fp" if value is None else str(value)

@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     alpha = _smoothquant_alpha(args, recipe)
     if args.check < 0:
         raise ValueError(f"--check {args.check} must be 0 (skip) or a number of sequences")
+    _check_recipes(args, recipe, budget)
     out = args.out if args.out is not None else f"runs/{Path(args.model).name}-{recipe}"
     check_artifact_out(out, force=args.force)  # before calibration: refused in words, not after minutes
     out = Path(out)
@@ -120,6 +121,29 @@ def run(args: argparse.Namespace) -> int:
         summary["fidelity_vs_fp"] = comparison.pop("main_metrics")
         summary["comparison"] = comparison
     return _report(summary, args, demo)
+
+
+def _check_recipes(args: argparse.Namespace, recipe: str, budget) -> None:
+    """Every recipe this run will build, checked with --backend before any model is loaded or calibrated."""
+    from ptq_protein.config import Backend
+    from ptq_protein.presets import get_preset
+
+    if budget is not None:
+        if args.compare is not None and args.compare.strip().lower() != "none":
+            raise ValueError("--compare does not apply with --auto (the search compares its own plans): drop it")
+        return
+    asked = compare_names(args, is_demo=False) if args.compare is not None else []  # demo defaults: skipped if absent
+    names = [recipe, *(n.strip() for n in asked if n.strip())]
+    for name in dict.fromkeys(names):
+        which = "--preset" if name == recipe else "--compare"
+        try:
+            cfg = get_preset(name)
+        except ValueError as err:
+            raise ValueError(f"{which}: {err}") from err
+        try:
+            cfg.replace(backend=Backend(args.backend))
+        except ValueError as err:
+            raise ValueError(f"{which} {name} cannot run with --backend {args.backend}: {err}") from err
 
 
 def _smoothquant_alpha(args: argparse.Namespace, recipe: str):

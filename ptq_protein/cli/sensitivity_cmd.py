@@ -26,8 +26,8 @@ def register(subparsers) -> None:
     p.add_argument("--recipe", default="w8a8-pwlq", help="preset giving each unit's precision (default w8a8-pwlq)")
     p.add_argument("--set", dest="set_spec", default="cameo139:5",
                    help="sequences the metric is measured on: NAME:N or a FASTA (default cameo139:5)")
-    p.add_argument("--metric", choices=["tm", "contacts", "logits"], default="tm",
-                   help="tm (ESMFold), contacts (both), logits (ESM-2 LMs); default tm")
+    p.add_argument("--metric", choices=["tm", "contacts", "logits"],
+                   help="tm (ESMFold), contacts (both), logits (ESM-2 LMs); default: tm for ESMFold, logits for LMs")
     p.add_argument("--unit", choices=["site", "layer", "part"], default="site", help="what one unit is (default site)")
     p.add_argument("--complement", action="store_true",
                    help="also measure everything quantized except each unit (twice the forwards)")
@@ -51,7 +51,10 @@ def run(args: argparse.Namespace) -> int:
     result = sensitivity(loaded.model, args.recipe, args.set_spec, metric=args.metric, unit=args.unit,
                          out_dir=args.out, calibration=args.calib, complement=args.complement,
                          batch_size=args.batch_size, num_recycles=args.num_recycles,
-                         max_length=calib_crop(args, loaded.device))
+                         max_length=calib_crop(args, loaded.device),
+                         model_info={"name": args.model, "weights": args.weights, "source": loaded.source,
+                                     "sha256": loaded.source_sha256, "dtype": args.dtype or "float32",
+                                     "seed": 0 if args.seed is None else args.seed})
     if args.json:
         print_json({"paths": result["paths"], "timing": result["timing"], "top": result["rows"][:10]})
         return 0

@@ -13,7 +13,12 @@ from torch import nn
 
 from ptq_protein.errors import ArtifactError
 
-__all__ = ["describe_architecture", "build_architecture"]
+__all__ = ["describe_architecture", "build_architecture", "TRANSFORMERS_CLASSES"]
+
+# The transformers model classes an artifact may name: only these are ever built from a recipe, so a
+# forged class name cannot make the loader call another transformers callable.
+TRANSFORMERS_CLASSES = ("EsmModel", "EsmForMaskedLM", "EsmForProteinFolding", "EsmForTokenClassification",
+                        "EsmForSequenceClassification")
 
 
 def describe_architecture(model: nn.Module) -> Dict[str, Any]:
@@ -44,6 +49,9 @@ def build_architecture(desc: Dict[str, Any]) -> nn.Module:
         if cls == "ProteinBertModel":
             return esm.model.esm1.ProteinBertModel(argparse.Namespace(**desc["args"]), alphabet)
     if library == "transformers":
+        if cls not in TRANSFORMERS_CLASSES:
+            raise ArtifactError(f"recipe.json names the transformers class {cls!r}, which ptq-protein does not build "
+                                f"(it builds {', '.join(TRANSFORMERS_CLASSES)}); the artifact is corrupt: re-run quantize")
         import transformers
 
         config = transformers.EsmConfig.from_dict(dict(desc["config"]))

@@ -34,7 +34,7 @@ from ptq_protein.config import Backend, QuantConfig, SiteKind, TensorQuant
 from ptq_protein.errors import InputError
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.search.budget import VALUE_METRIC, Budget
-from ptq_protein.search.metrics import METRIC_VALUES, Metric, Scorer, check_metric
+from ptq_protein.search.metrics import METRIC_VALUES, Metric, Scorer, choose_metric
 from ptq_protein.search.units import Unit, UnitKind, make_units
 from ptq_protein.search.workbench import SiteSpec, Workbench
 from ptq_protein.site_plan import DEFAULT_CHOICES, MixedPlan, UnitChoice
@@ -123,7 +123,7 @@ def auto_quantize(model: nn.Module, budget: Union[str, Budget, None] = None, *, 
     """
     budget = budget if isinstance(budget, Budget) else Budget.parse(budget, max_bits_avg)
     family = get_adapter(model).family
-    chosen_metric = check_metric(budget.metric or metric or ("tm" if family == "hf-esmfold" else "logits"), family)
+    chosen_metric = choose_metric(family, metric, budget.metric)
     value_name = budget.value_name or next(iter(METRIC_VALUES[chosen_metric]))
     menu = tuple(dict.fromkeys([_FP, *choices]))
     search_seqs = [crop_sequence(s, max_length) for s in resolve_calibration(search_set)[1]]

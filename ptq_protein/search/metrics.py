@@ -13,7 +13,7 @@ Each sequence runs alone (no padding). FP outputs are computed once, when the sc
 from __future__ import annotations
 
 import enum
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ from ptq_protein.errors import InputError
 from ptq_protein.eval.bench.fidelity import relative_error
 from ptq_protein.models.adapters import ModelAdapter
 
-__all__ = ["Metric", "Scorer", "check_metric", "MIN_SEPARATION", "METRIC_VALUES"]
+__all__ = ["Metric", "Scorer", "check_metric", "choose_metric", "default_metric", "MIN_SEPARATION", "METRIC_VALUES"]
 
 MIN_SEPARATION = 6  # contacts: |i - j| >= 6, the CASP short+medium+long range convention
 _LM_FAMILIES = ("fair-esm", "hf-esm")
@@ -44,6 +44,22 @@ METRIC_VALUES: Dict[Metric, Dict[str, bool]] = {
     Metric.CONTACTS: {"contacts": True},
     Metric.LOGITS: {"logits_rel": False, "top1": True},
 }
+
+
+def default_metric(family: str) -> Metric:
+    """What a model of ``family`` is judged by when no metric is named: TM-score for ESMFold, logits for LMs."""
+    return Metric.TM if family in _FOLD_FAMILIES else Metric.LOGITS
+
+
+def choose_metric(family: str, metric: Optional[Union[str, Metric]] = None,
+                  budget_metric: Optional[Union[str, Metric]] = None) -> Metric:
+    """The metric named (checked for ``family``), the budget's, or the family's default; never one silently ignored."""
+    if metric is not None:
+        metric = check_metric(metric, family)
+        if budget_metric is not None and Metric(budget_metric) is not metric:
+            raise InputError(f"metric {metric.value!r} contradicts the budget's metric {Metric(budget_metric).value!r}: "
+                             "drop --metric, or write the budget in that metric")
+    return check_metric(budget_metric or metric or default_metric(family), family)
 
 
 def check_metric(metric: Metric, family: str) -> Metric:

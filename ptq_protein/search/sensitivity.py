@@ -25,9 +25,10 @@ from ptq_protein.config import QuantConfig
 from ptq_protein.eval.bench.results_store import ResultsStore, check_run_info
 from ptq_protein.io_utils import atomic_write_text
 from ptq_protein.models.adapters import get_adapter
+from ptq_protein.models.fingerprint import model_fingerprint
 from ptq_protein.presets import resolve_config
 from ptq_protein.report import asymmetry
-from ptq_protein.search.metrics import METRIC_VALUES, Metric, Scorer, check_metric
+from ptq_protein.search.metrics import METRIC_VALUES, Metric, Scorer, choose_metric
 from ptq_protein.search.plot import plot_sensitivity
 from ptq_protein.search.units import Unit, UnitKind, make_units
 from ptq_protein.search.workbench import Workbench
@@ -43,11 +44,11 @@ SUMMARY_TOP = 10
 
 
 def sensitivity(model: nn.Module, recipe: Union[str, QuantConfig, dict] = "w8a8-pwlq",
-                sequences: Any = "cameo139:5", *, metric: Union[str, Metric] = "tm",
+                sequences: Any = "cameo139:5", *, metric: Optional[Union[str, Metric]] = None,
                 unit: Union[str, UnitKind] = "site", out_dir: Optional[Union[str, Path]] = None,
                 calibration: Any = "casp14:50", complement: bool = False, batch_size: Optional[int] = None,
                 num_recycles: Optional[int] = None, max_length: Optional[int] = None,
-                workbench: Optional[Workbench] = None) -> Dict[str, Any]:
+                workbench: Optional[Workbench] = None, model_info: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Rank units by how much quantizing them alone moves ``metric`` away from the FP model.
 
     Parameters
@@ -55,23 +56,30 @@ def sensitivity(model: nn.Module, recipe: Union[str, QuantConfig, dict] = "w8a8-
     model : ESM-2 / ESMFold model (not modified).
     recipe : preset name or config giving each unit's precision (its kinds/groups/globs give the scope).
     sequences : the sequences the metric is measured on (set spec, FASTA path or list).
-    metric : ``tm`` (ESMFold), ``contacts`` (both), ``logits`` (ESM-2 LMs).
+    metric : ``tm`` (ESMFold), ``contacts`` (both), ``logits`` (ESM-2 LMs); None: the family's
+        (``tm`` for ESMFold, ``logits`` for language models).
     unit : ``site``, ``layer`` or ``part``.
     out_dir : where to write ``sensitivity.csv``, ``summary.md``, ``sensitivity.png`` (None: nothing written).
     calibration, batch_size, num_recycles : as for :func:`ptq_protein.quantize`.
     max_length : crop calibration and metric sequences to their central window of this many residues.
     workbench : reuse an existing calibrated :class:`Workbench` (its scope must match ``recipe``).
+    model_info : how the model was made (name, source, sha256, seed), recorded in ``run.json`` beside a
+        fingerprint of its weights, so a resumed run made by another model is refused.
 
     Returns
     -------
     dict with ``rows`` (highest loss first), ``timing`` and, with ``out_dir``, the output ``paths``.
     """
     config = resolve_config(recipe)
-    metric = check_metric(metric, get_adapter(model).family)
+    adapter = get_adapter(model)
+    metric = choose_metric(adapter.family, metric)
     unit = UnitKind(unit)
     seq_name, seqs = resolve_calibration(sequences)
     seqs = [crop_sequence(s, max_length) for s in seqs]
-    store = _open_store(out_dir, config, seq_name, seqs, metric, unit, calibration, complement, num_recycles)
+    identity = {"model": dict(model_info or {}), "model_fingerprint": model_fingerprint(model),
+                "calibration_batch_size": adapter.batch_size(batch_size), "max_length": max_length}
+    store = _open_store(out_dir, config, seq_name, seqs, metric, unit, calibration, complement, num_recycles,
+                        identity)
     start = time.perf_counter()
     bench = workbench or Workbench(model, config, calibration, batch_size=batch_size, num_recycles=num_recycles,
                                    calib_max_length=max_length)
@@ -123,7 +131,7 @@ def _measure(bench: Workbench, scorer: Scorer, config: QuantConfig, u: Unit, uni
 
 
 def _open_store(out_dir, config: QuantConfig, seq_name: str, seqs: Sequence[str], metric: Metric, unit: UnitKind,
-                calibration, complement: bool, num_recycles) -> Optional[ResultsStore]:
+                calibration, complement: bool, num_recycles, identity: Dict[str, Any]) -> Optional[ResultsStore]:
     if out_dir is None:
         return None
     out = Path(out_dir)
@@ -132,7 +140,7 @@ def _open_store(out_dir, config: QuantConfig, seq_name: str, seqs: Sequence[str]
     calib = calibration if isinstance(calibration, (str, Path)) else f"{len(calibration)} sequences"
     info = {"command": "sensitivity", "recipe": config.to_dict(), "metric": metric.value, "unit": unit.value,
             "sequences": seq_name, "num_sequences": len(seqs), "calibration": str(calib),
-            "complement": complement, "num_recycles": num_recycles}
+            "complement": complement, "num_recycles": num_recycles, **identity}
     out.mkdir(parents=True, exist_ok=True)
     check_run_info(out, info)
     return ResultsStore(out / "progress.csv", _STORE_COLUMNS, text_columns=("kind", "part", "metric"))

@@ -21,12 +21,12 @@ change results: when only the streaming mode fits, ``quantize`` switches to it
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Tuple
 
 from ptq_protein.errors import InputError
+from ptq_protein.io_utils import env_flag
 
 __all__ = ["MemoryEstimate", "estimate_quantize_memory", "available_memory_bytes", "shortfall", "check_fits",
            "choose_low_memory"]
@@ -80,7 +80,7 @@ def available_memory_bytes() -> Optional[int]:
 def shortfall(weights_path: Optional[Path], *, low_memory: bool, calibration_tokens: int
               ) -> Optional[Tuple[MemoryEstimate, int]]:
     """``(estimate, available bytes)`` when the run would not fit; None when it fits or nothing can be checked."""
-    if weights_path is None or os.environ.get("PTQ_PROTEIN_SKIP_MEMORY_CHECK"):
+    if weights_path is None or env_flag("PTQ_PROTEIN_SKIP_MEMORY_CHECK"):
         return None
     path = Path(weights_path)
     size = path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.iterdir() if p.is_file())

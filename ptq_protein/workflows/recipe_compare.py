@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from torch import nn
 
@@ -20,6 +20,7 @@ from ptq_protein.config import Scheme, QuantConfig, TensorQuant
 from ptq_protein.eval.bench.fidelity import Reference, compare_to_reference, fidelity_sequences
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.presets import PRESETS, resolve_config
+from ptq_protein.site_plan import MixedPlan, UnitChoice
 
 __all__ = ["ComparisonRow", "FidelitySequences", "known_recipes", "choose_fidelity_sequences", "recipe_row",
            "compare_recipes", "storage_bits"]
@@ -45,8 +46,8 @@ class ComparisonRow:
     """One recipe's fidelity against the FP model, and the bits it stores per value."""
 
     recipe: str
-    weight_bits: Optional[int]
-    activation_bits: Optional[int]
+    weight_bits: Union[int, str, None]  # None: floating point; a mixed plan's widths as text ("4-8", "fp-8")
+    activation_bits: Union[int, str, None]
     metrics: Dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> Dict[str, Any]:
@@ -91,7 +92,22 @@ def choose_fidelity_sequences(calibration: CalibrationArg, n: int,
 def recipe_row(cfg: QuantConfig, qmodel: nn.Module, references: Sequence[Reference]) -> ComparisonRow:
     """Fidelity of ``qmodel`` (quantized with ``cfg``) against the FP ``references``."""
     metrics = compare_to_reference(qmodel, references, get_adapter(qmodel))
+    plan = getattr(getattr(qmodel, "ptq_state", None), "plan", None)
+    if plan is not None:
+        return ComparisonRow(cfg.name, *plan_widths(plan), {"avg_bits": plan.avg_bits, **metrics})
     return ComparisonRow(cfg.name, storage_bits(cfg.weights), storage_bits(cfg.activations), metrics)
+
+
+def plan_widths(plan: MixedPlan) -> Tuple[str, str]:
+    """The weight and activation widths a mixed plan uses, as ``"4-8"`` (``fp`` where a unit stays float)."""
+    choices = [UnitChoice.parse(choice) for _, choice, _ in plan.units]
+
+    def span(widths: Sequence[Optional[int]]) -> str:
+        found = sorted({w for w in widths if w is not None})
+        text = "-".join(str(w) for w in (found[:1] + found[-1:] if len(found) > 1 else found))
+        return "-".join(x for x in ("fp" if None in widths else "", text) if x) or "fp"
+
+    return span([c.weight_bits for c in choices]), span([c.act_bits for c in choices])
 
 
 def compare_recipes(fp_model: nn.Module, recipes: Sequence[str], passes: Dict[str, Optional[CalibrationPass]],

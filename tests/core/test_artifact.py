@@ -59,9 +59,11 @@ def test_existing_out_is_kept_without_force(esm2, seqs, tmp_path):
     assert (out / "keep.txt").read_text() == "mine"
     art = tmp_path / "art"
     pp.save(q, art)
+    pp.save(q, art, force=True)  # an artifact of its own files only is replaced
     (art / "extra.txt").write_text("x")
-    pp.save(q, art, force=True)
-    assert not (art / "extra.txt").exists() and (art / "recipe.json").exists()
+    with pytest.raises(FileExistsError, match="extra.txt"):  # --force never deletes what it did not write
+        pp.save(q, art, force=True)
+    assert (art / "extra.txt").read_text() == "x" and (art / "recipe.json").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "no temp folders left behind"
 
 

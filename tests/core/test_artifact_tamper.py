@@ -110,8 +110,9 @@ def test_every_tampered_field_is_refused_naming_it(artifact, tmp_path):
 @pytest.mark.parametrize("text, words", [
     ("[1, 2]", "JSON object"), ("3", "JSON object"), ("{not json", "not valid JSON"),
     ('{"format": "ptq-protein-artifact", "format_version": 1}', "re-run quantize"),
-    ('{"format": "ptq-protein-artifact", "format_version": 2}', "files"),
-    ('{"format": "other", "format_version": 2}', "field format"),
+    ('{"format": "ptq-protein-artifact", "format_version": 2}', "seal does not cover the tensors"),
+    ('{"format": "ptq-protein-artifact", "format_version": 3}', "files"),
+    ('{"format": "other", "format_version": 3}', "field format"),
 ])
 def test_malformed_recipes_are_refused_in_one_line(artifact, tmp_path, text, words):
     work = tmp_path / "art"

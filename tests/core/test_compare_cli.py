@@ -117,3 +117,19 @@ def test_readme_quickstart_output_is_the_printed_format(capsys):
     }
     compare_table.print_comparison(comparison, demo=True)
     assert capsys.readouterr().out == block
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--compare", "w8a8-uniformm"], "did you mean 'w8a8-uniform'"),
+    (["--compare", "study-w8a8-pwlq", "--backend", "int8"], "study-* recipes simulate in float"),
+    (["--preset", "w4a8-pwlq", "--backend", "int8", "--compare", "none"], None),
+    (["--auto", "--budget", "logits_rel<=0.5", "--compare", "w8a8-uniform"], "--compare does not apply with --auto"),
+])
+def test_bad_combinations_are_refused_before_any_work(tmp_path, capsys, calibration_counter, argv, words):
+    """Every recipe is checked with --backend before the model loads: exit 2, one line, nothing calibrated or written."""
+    code, _, err = _run(capsys, "quantize", "tiny-esm2", "--calib", "casp14:3", *argv, "--out", str(tmp_path / "a"))
+    if words is None:  # a combination that is fine must still run
+        assert code == 0, err
+        return
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+    assert calibration_counter["passes"] == 0 and not (tmp_path / "a").exists()
