@@ -21,6 +21,7 @@ from torch import nn
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.mapped import mapped_file_of, release_after_forward
 from ptq_protein.quant.metrics import sqnr_db
+from ptq_protein.quant.study_observer import float_reason
 from ptq_protein.calibration.calibrate import calibrate
 from ptq_protein.calibration.sites import Site, discover_sites, select_sites, set_module
 from ptq_protein.calibration.study import study_calibrate
@@ -346,10 +347,13 @@ def _quantize_study(qmodel: nn.Module, adapter, cfg: QuantConfig, calibration: C
             observers = study_calibrate(qmodel, adapter, chosen, seqs, acts.topk, cfg.study.calls, forward_kwargs,
                                         progress)
             calib_info = CalibrationInfo.for_sequences(name, seqs)
+        fp_why: Dict[str, List[str]] = {}
         for site in chosen:
             obs, bounds = observers[site.name], observers[site.name].bounds(acts.topk)
-            if bounds is None or float(bounds[0]) >= 0.0 >= float(bounds[1]):  # never ran, or always 0 (their assert)
+            why = float_reason(obs, acts.topk)  # never ran, or only zeros (their assert)
+            if why is not None:
                 fp_sites.append(site.name)
+                fp_why.setdefault(why, []).append(site.name)
                 continue
             quant = StudyActQuant(acts.scheme, acts.bits, *bounds).to(_device(qmodel.get_submodule(site.name)))
             set_module(qmodel, site.name, QuantInput(qmodel.get_submodule(site.name), quant))
@@ -358,8 +362,8 @@ def _quantize_study(qmodel: nn.Module, adapter, cfg: QuantConfig, calibration: C
                            "calls_used": obs.count, "min": float(bounds[0]), "max": float(bounds[1]),
                            "activation": acts.describe()})
         if fp_sites:
-            log.warning("%d site(s) never ran during calibration and stay in floating point: %s", len(fp_sites),
-                        ", ".join(fp_sites[:5]) + (" ..." if len(fp_sites) > 5 else ""))
+            log.warning("%d site(s) stay in floating point: %s", len(fp_sites), "; ".join(
+                f"{why}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}" for why, names in fp_why.items()))
     if cfg.weights is not None:
         done.update({k: f"W{cfg.weights.bits} {how}" for k, how in
                      study_weights_(qmodel, cfg.study, cfg.weights.bits).items()})

@@ -93,12 +93,19 @@ class StudyOptions:
     LayerNorm parameters and the activation range buffers included, in that order:
     activation quantizers are attached first). ``round_rotary``: also round the
     rotary ``inv_freq`` buffers as their W8 did (12 of 32 frequencies become 0 at
-    head size 64); off by default, a bug we do not replicate unless asked.
+    head size 64); off by default, a bug we do not replicate unless asked. The
+    buffer is found wherever the installed library keeps it (transformers 5:
+    one shared ``esm.rotary_embeddings.inv_freq``; 4.x: one per layer).
+    ``cast_float32``: a top-level module (ESMFold's ``esm``) holding a
+    half-precision tensor that W8 rounds is cast to float32 first and stays
+    float32, as ``quant_weis.py:29`` (``model.esm = model.esm.float()``) did;
+    off: rounded in the dtype the model was loaded in.
     """
 
     calls: int = 50
     weight_prefixes: Tuple[str, ...] = ("esm.encoder.", "trunk.block")
     round_rotary: bool = False
+    cast_float32: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.calls, bool) or not isinstance(self.calls, int) or self.calls < 1:
@@ -110,11 +117,13 @@ class StudyOptions:
         object.__setattr__(self, "weight_prefixes", prefixes)
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"calls": self.calls, "weight_prefixes": list(self.weight_prefixes), "round_rotary": self.round_rotary}
+        return {"calls": self.calls, "weight_prefixes": list(self.weight_prefixes), "round_rotary": self.round_rotary,
+                "cast_float32": self.cast_float32}
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "StudyOptions":
         unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
-            raise ValueError(f"unknown study fields {sorted(unknown)}; known: calls, weight_prefixes, round_rotary")
+            raise ValueError(f"unknown study fields {sorted(unknown)}; known: calls, weight_prefixes, round_rotary, "
+                             "cast_float32")
         return cls(**{k: (tuple(v) if k == "weight_prefixes" else v) for k, v in data.items()})

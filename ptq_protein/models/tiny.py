@@ -139,8 +139,10 @@ def tiny_esmfold(seed: int = 0, outliers: Optional[OutlierSpec] = DEMO_OUTLIERS)
 def tiny_esmfold_config():
     """The tiny ``EsmConfig``: ESM-2 stem 2 layers x 32 (FFN 128), trunk 2 blocks, structure module 2 blocks.
 
-    ``max_recycles=1`` (v1: 4): the trunk runs twice (v1: five times), so recycling and its sites are
-    exercised at a fraction of the CPU time.
+    ``max_recycles=1`` (v1: 4). With ``num_recycles=None`` transformers runs the trunk
+    ``max_recycles`` times (tiny: once, v1: four times; the extra first pass is added only
+    to an explicit ``num_recycles=n``, which runs it n + 1 times), so on its own pass the
+    tiny trunk's recycle norms see only zeros; ``num_recycles=1`` exercises recycling.
     ``chunk_size=None`` (fair-esm's default; transformers' is 128): the trunk runs
     unchunked, as calibration runs it, so a study-exact recipe's statistics can be
     observed in the forwards of our own batch-1 pass (``shared_calibration``).

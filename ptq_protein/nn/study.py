@@ -12,7 +12,7 @@ keys of the model's state dict, which includes those buffers.
 from __future__ import annotations
 
 import logging
-from typing import Dict, Iterable
+from typing import Dict, Iterable, Tuple
 
 import torch
 from torch import nn
@@ -20,7 +20,7 @@ from torch import nn
 from ptq_protein.config import Scheme, StudyOptions
 from ptq_protein.quant.study import study_pwlq, study_signed_range, study_uniform, study_weight_rows
 
-__all__ = ["StudyActQuant", "study_weights_", "study_weight_keys"]
+__all__ = ["StudyActQuant", "study_weights_", "study_weight_keys", "cast_owners_float32_"]
 
 log = logging.getLogger(__name__)
 
@@ -55,16 +55,23 @@ class StudyActQuant(nn.Module):
 
 
 def study_weight_keys(model: nn.Module, options: StudyOptions) -> Iterable[str]:
-    """State-dict keys their W8 rounds: floating tensors under ``options.weight_prefixes``.
+    """Names of the tensors their W8 rounds: floating tensors under ``options.weight_prefixes``.
 
-    Rotary ``inv_freq`` buffers are left out unless ``options.round_rotary``.
+    Rotary ``inv_freq`` buffers are left out unless ``options.round_rotary``; then
+    every one of them is rounded wherever the library keeps it (transformers 4.x:
+    one per layer under ``esm.encoder.layer``, inside their prefixes; 5.x: one
+    shared ``esm.rotary_embeddings.inv_freq``, outside them; identical values, so
+    rounding the shared one is rounding each copy), persistent or not.
     """
-    for key, value in model.state_dict(keep_vars=True).items():
-        if not key.startswith(options.weight_prefixes) or not value.is_floating_point() or value.numel() == 0:
+    state = model.state_dict(keep_vars=True)  # their W8 walked the state dict's keys (quant_weis.py:36-39)
+    for key, value in _tensors(model).items():
+        if not value.is_floating_point() or value.numel() == 0:
             continue
-        if key.endswith(_ROTARY_KEY) and not options.round_rotary:
-            continue
-        yield key
+        if _is_rotary(key):
+            if options.round_rotary:
+                yield key
+        elif key in state and key.startswith(options.weight_prefixes):
+            yield key
 
 
 @torch.no_grad()
@@ -73,14 +80,50 @@ def study_weights_(model: nn.Module, options: StudyOptions, bits: int = 8) -> Di
 
     Per row for >= 2-dim tensors, per tensor for 1-dim ones (biases, LayerNorm
     parameters and, when activation quantizers are attached, their range buffers).
+    With ``options.cast_float32`` the half-precision top-level modules holding
+    those tensors become float32 first (:func:`cast_owners_float32_`).
     Modifies ``model``: callers pass their own copy.
     """
-    tensors = model.state_dict(keep_vars=True)
+    keys = list(study_weight_keys(model, options))
+    if options.cast_float32:
+        cast_owners_float32_(model, keys)
+    tensors = _tensors(model)
     done: Dict[str, str] = {}
-    for key in list(study_weight_keys(model, options)):
+    for key in keys:
         tensor = tensors[key]
         tensor.data.copy_(study_weight_rows(tensor.data, bits))
         done[key] = "per row" if tensor.dim() > 1 else "per tensor"
     if not done:
         log.warning("study W8: no tensor under %s in this model; nothing was rounded", list(options.weight_prefixes))
     return done
+
+
+def cast_owners_float32_(model: nn.Module, keys: Iterable[str]) -> Tuple[str, ...]:
+    """Cast each top-level module owning one of ``keys`` to float32 if it holds a 16-bit float tensor.
+
+    Their W8 scripts cast ESMFold's ESM-2 stem, which transformers loads in float16,
+    before rounding (``quant_weis.py:29``, ``model.esm = model.esm.float()``), and ran
+    it in float32 afterwards. The whole module is cast, so it stays one dtype inside
+    (ESMFold casts the stem's output to the trunk's dtype). Returns the owners cast.
+    """
+    cast = []
+    for owner in dict.fromkeys(k.split(".", 1)[0] if "." in k else "" for k in keys):
+        module = model.get_submodule(owner)
+        if any(t.dtype in (torch.float16, torch.bfloat16) for t in _tensors(module).values()):
+            module.float()
+            cast.append(owner or "<model>")
+    if cast:
+        log.info("study W8: cast %s to float32 before rounding, as the study did", ", ".join(cast))
+    return tuple(cast)
+
+
+def _is_rotary(key: str) -> bool:
+    return key.rsplit(".", 1)[-1] == _ROTARY_KEY
+
+
+def _tensors(module: nn.Module) -> Dict[str, torch.Tensor]:
+    """State-dict tensors plus non-persistent buffers (a rotary ``inv_freq`` may be either), by name."""
+    tensors = dict(module.state_dict(keep_vars=True))
+    for name, buffer in module.named_buffers():
+        tensors.setdefault(name, buffer)
+    return tensors

@@ -5,7 +5,9 @@ quantizers as the ``piecewise_quant`` package (github.com/pengshuang/PTQ4Protein
 commit 605deb2). These functions do the same float operations in the same order,
 so their outputs equal that package's bit for bit (``tests/quant/test_study_parity.py``
 checks this against a re-implementation written in the test). Citations are
-``file:line`` in that tree.
+``file:line`` in that tree. Exact to the *published* package: the notebooks that
+printed the study's numbers import ``linear_quant``, which was not published
+(see :mod:`ptq_protein.recipes.study`).
 
 What the study's quantizers are (not what their names suggest):
 
@@ -37,7 +39,7 @@ __all__ = ["study_signed_range", "study_uniform", "study_breakpoint", "study_pwl
 BISECTION_TOL = 1e-3  # piecewise.py:112 binary_search(tol=1e-3)
 BISECTION_MAX_ITER = 100  # piecewise.py:112 binary_search(max_iter=100)
 STD_EPS = 1e-12  # piecewise.py:16 std_w = torch.std(w) + 1e-12
-TOPK_FALLBACK = 5  # quant_acts.py:137 a max <= 0 is redone with the last 5 columns
+TOPK_FALLBACK = 5  # quant_acts.py:137 a max <= 0 is redone with the last 5 of the k columns already kept
 
 Bound = Union[float, torch.Tensor]
 
@@ -159,11 +161,16 @@ def study_topk_reduce(per_call: torch.Tensor, k: int, side: str) -> torch.Tensor
 
     ``per_call`` [calls, n] holds each call's n smallest (``side="min"``) or n largest
     (``"max"``) values, ascending, float32. Lower median of the k extremes per call
-    (``torch.median`` picks the lower of two middles), then the plain mean over calls;
-    a max that comes out <= 0 is redone with the last 5 columns.
+    (``torch.median`` picks the lower of two middles), then the plain mean over calls.
+    A max that comes out <= 0 is redone with the last 5 columns *of the k already
+    kept* (``quant_acts.py:133`` rebinds ``stats`` before ``:137`` slices it): a
+    no-op for k <= 5, the 5 largest for k > 5. Only a non-positive max is affected,
+    and M ignores it, so the quantized values never depend on this; the stored
+    and reported range do.
     """
     stats = per_call[:, :k] if side == "min" else per_call[:, -k:]
     res = torch.mean(torch.median(stats, 1).values)
     if res.item() <= 0 and side == "max":
-        res = torch.mean(torch.median(per_call[:, -TOPK_FALLBACK:], 1).values)
+        stats = stats[:, -TOPK_FALLBACK:]
+        res = torch.mean(torch.median(stats, 1).values)
     return res

@@ -4,9 +4,10 @@ Their calibration quantizer (``piecewise_quant/quant_acts.py:35-44``) sorts the
 whole input of each call (no mask: BOS/EOS included; batch 1, so no padding)
 and keeps the 1000 smallest and 1000 largest values of the first
 ``cali_sample_size // cali_batch_size = 50`` calls; later calls are ignored.
-The reduction (``quant_acts.py:130-140``) only reads the k (or 5) extremes at
-either end, so this observer keeps ``max(k, 5)`` per side per call, which gives
-the same result.
+The reduction (``quant_acts.py:130-140``) only reads the k extremes at either
+end (its fallback for a max <= 0 re-slices those k columns), so this observer
+keeps ``max(k, 5)`` per side per call, which gives the same result and lets one
+pass serve recipes at several k.
 
 One deliberate difference: their buffer has 50 rows whatever happened, so a
 quantizer called fewer than 50 times averages zero rows into its mean. In their
@@ -23,7 +24,7 @@ import torch
 
 from ptq_protein.quant.study import TOPK_FALLBACK, study_topk_reduce
 
-__all__ = ["StudyTopKObserver", "STUDY_CALLS", "extremes"]
+__all__ = ["StudyTopKObserver", "STUDY_CALLS", "extremes", "float_reason"]
 
 STUDY_CALLS = 50  # quant_acts.py:17,28 cali_sample_size=50 // cali_batch_size=1
 
@@ -76,6 +77,21 @@ class StudyTopKObserver:
             return None
         mins, maxs = torch.stack(self._mins), torch.stack(self._maxs)
         return study_topk_reduce(mins, k, "min"), study_topk_reduce(maxs, k, "max")
+
+
+def float_reason(observer: StudyTopKObserver, k: Optional[int] = None) -> Optional[str]:
+    """Why a site with these statistics cannot be quantized the study's way (None: it can).
+
+    A site that never ran has no range; one whose calibrated range is 0 at both
+    ends saw only zeros (ESMFold's recycle norms on their first, all-zero pass),
+    where their quantizer's assert (``uniform.py:37-44``) would fail.
+    """
+    bounds = observer.bounds(k)
+    if bounds is None:
+        return "never ran during calibration"
+    if float(bounds[0]) >= 0.0 >= float(bounds[1]):
+        return f"ran {observer.seen} time(s), only on all-zero inputs"
+    return None
 
 
 def extremes(flat: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:

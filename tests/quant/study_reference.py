@@ -99,11 +99,17 @@ class RefQuantAct(torch.nn.Module):
 
 
 def ref_clip(stats, k, side):
-    """quant_acts.py:130-140 (top_k)."""
-    cols = stats[:, :k] if side == "min" else stats[:, -k:]
-    out = torch.mean(torch.median(cols, 1)[0])
-    if side == "max" and out.item() <= 0:
-        out = torch.mean(torch.median(stats[:, -5:], 1)[0])
+    """quant_acts.py:130-140 (top_k), statement by statement.
+
+    Their line 133 rebinds ``stats`` to the k kept columns, so the fallback's
+    ``stats[:, -5:]`` (line 137) slices those k columns, not the whole buffer:
+    for k <= 5 it recomputes the same value. Kept in their shape on purpose.
+    """
+    stats = stats[:, :k] if side == "min" else stats[:, -k:]
+    out = torch.mean(torch.median(stats, 1)[0])
+    if out.item() <= 0 and side == "max":
+        stats = stats[:, -5:]
+        out = torch.mean(torch.median(stats, 1)[0])
     return out
 
 

@@ -53,6 +53,37 @@ def _ref_quantizer(bits: int, scheme: str, bounds) -> RefQuantAct:
     return ref
 
 
+# Golden values: the study's act_clip_bounds (quant_acts.py:130-140, run unchanged) on the [50, 1000] max buffer
+# their QuantAct fills (quant_acts.py:35-44: one row per call, the call's 1000 largest values ascending) from the
+# calls x_i = randn(4000, generator=Generator().manual_seed(i)) - 30, i = 0..49. Every max is <= 0, so the fallback
+# runs; it re-slices the k columns already kept (line 133 rebinds stats), so k = 1 and k = 2 differ.
+THEIR_FALLBACK_MAX = {1: -26.4015, 2: -26.6413}
+
+
+@pytest.mark.parametrize("k", sorted(THEIR_FALLBACK_MAX))
+def test_topk_fallback_for_a_negative_max_is_theirs(k):
+    ref, obs = RefQuantAct(0, True), StudyTopKObserver(k)
+    for i in range(50):
+        x = torch.randn(4000, generator=torch.Generator().manual_seed(i)) - 30
+        ref(x)
+        obs.update(x)
+    theirs = ref_clip(ref.maxv, k, "max")
+    assert theirs.item() == pytest.approx(THEIR_FALLBACK_MAX[k], abs=5e-5)  # the reference is their behaviour
+    assert torch.equal(obs.bounds()[1], theirs)
+
+
+def test_float_reason_says_why_a_site_stays_float():
+    from ptq_protein.quant.study_observer import float_reason
+
+    obs = StudyTopKObserver(2)
+    assert float_reason(obs) == "never ran during calibration"
+    for _ in range(3):
+        obs.update(torch.zeros(64))
+    assert float_reason(obs) == "ran 3 time(s), only on all-zero inputs"
+    obs.update(torch.randn(64))
+    assert float_reason(obs) is None
+
+
 @pytest.mark.parametrize("kind", SAMPLES)
 @pytest.mark.parametrize("k", [1, 2, 5, 100])
 def test_topk_range_statistic_matches(kind, k):
@@ -219,3 +250,12 @@ def test_study_config_round_trip_and_validation():
     with pytest.raises(ValueError, match="calls"):
         StudyOptions(calls=0)
     assert "9 bits/value" in cfg.activations.describe()
+
+
+def test_sites_left_in_floating_point_say_why(esmfold, caplog):
+    """Tiny ESMFold's trunk runs once (max_recycles=1): its recycle norms run, on zeros only."""
+    cfg = pp.get_preset("study-a8-uniform").replace(study=StudyOptions(calls=CALLS))
+    with caplog.at_level("WARNING", logger="ptq_protein.api"):
+        qmodel = pp.quantize(esmfold, cfg, calibration=SEQS)
+    assert {"trunk.recycle_s_norm", "trunk.recycle_z_norm"} <= set(qmodel.ptq_state.fp_sites)
+    assert f"ran {len(SEQS)} time(s), only on all-zero inputs: trunk.recycle_s_norm" in caplog.text
