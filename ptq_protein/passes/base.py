@@ -19,7 +19,7 @@ from typing import Protocol, Sequence
 from ptq_protein.calibration.sites import Site
 from ptq_protein.config import QuantConfig
 
-__all__ = ["Needs", "Pass", "STATIC_ACTIVATIONS"]
+__all__ = ["Needs", "Pass", "EveryRecipe", "STATIC_ACTIVATIONS"]
 
 STATIC_ACTIVATIONS = "static activations"  # the reason our calibration pass gives for needing sequences
 
@@ -51,3 +51,14 @@ class Pass(Protocol):
     def needs(self, cfg: QuantConfig, sites: Sequence[Site]) -> Needs: ...
 
     def run(self, run: "Run") -> None: ...  # noqa: F821 (ptq_protein.passes.run.Run: it imports this file)
+
+
+class EveryRecipe:
+    """Defaults of a pass that every config of its pipeline lists and that needs nothing: override what differs."""
+
+    @staticmethod
+    def applies(cfg: QuantConfig) -> bool:
+        return True
+
+    def needs(self, cfg: QuantConfig, sites: Sequence[Site]) -> Needs:
+        return Needs()

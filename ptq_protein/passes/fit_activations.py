@@ -15,7 +15,7 @@ from ptq_protein.calibration.sites import Site
 from ptq_protein.config import QuantConfig, SiteKind
 from ptq_protein.nn.modules import ActQuantizer
 from ptq_protein.nn.qparams import activation_quantizer
-from ptq_protein.passes.base import Needs
+from ptq_protein.passes.base import EveryRecipe
 from ptq_protein.passes.run import Run
 
 __all__ = ["FitActivations", "fit_activation_quantizers"]
@@ -23,14 +23,7 @@ __all__ = ["FitActivations", "fit_activation_quantizers"]
 log = logging.getLogger(__name__)
 
 
-class FitActivations:
-    @staticmethod
-    def applies(cfg: QuantConfig) -> bool:
-        return True
-
-    def needs(self, cfg: QuantConfig, sites: Sequence[Site]) -> Needs:
-        return Needs()
-
+class FitActivations(EveryRecipe):
     def run(self, run: Run) -> None:
         act_sites = list(run.plan.sites) if run.cfg.activations is not None else []
         run.quants, run.fp_sites = fit_activation_quantizers(run.cfg, act_sites, run.plan.static, run.stats)

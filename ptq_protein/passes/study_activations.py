@@ -10,15 +10,14 @@ study's assert) and ``run.report`` (one row per quantized site: calls, bounds).
 from __future__ import annotations
 
 import logging
-from typing import Sequence
 
 from torch import nn
 
-from ptq_protein.calibration.sites import Site, set_module
+from ptq_protein.calibration.sites import set_module
 from ptq_protein.config import QuantConfig
 from ptq_protein.nn.modules import QuantInput
 from ptq_protein.nn.study import StudyActQuant
-from ptq_protein.passes.base import Needs
+from ptq_protein.passes.base import EveryRecipe
 from ptq_protein.passes.run import Run
 
 __all__ = ["StudyActivations"]
@@ -26,13 +25,10 @@ __all__ = ["StudyActivations"]
 log = logging.getLogger(__name__)
 
 
-class StudyActivations:
+class StudyActivations(EveryRecipe):
     @staticmethod
     def applies(cfg: QuantConfig) -> bool:
         return cfg.study is not None and cfg.activations is not None
-
-    def needs(self, cfg: QuantConfig, sites: Sequence[Site]) -> Needs:
-        return Needs()
 
     def run(self, run: Run) -> None:
         acts = run.cfg.activations

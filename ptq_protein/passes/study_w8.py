@@ -8,24 +8,18 @@ Writes: ``run.model`` (tensors rounded in place) and ``run.quantized`` (tensor -
 
 from __future__ import annotations
 
-from typing import Sequence
-
-from ptq_protein.calibration.sites import Site
 from ptq_protein.config import QuantConfig
 from ptq_protein.nn.study import study_weights_
-from ptq_protein.passes.base import Needs
+from ptq_protein.passes.base import EveryRecipe
 from ptq_protein.passes.run import Run
 
 __all__ = ["StudyW8"]
 
 
-class StudyW8:
+class StudyW8(EveryRecipe):
     @staticmethod
     def applies(cfg: QuantConfig) -> bool:
         return cfg.study is not None and cfg.weights is not None
-
-    def needs(self, cfg: QuantConfig, sites: Sequence[Site]) -> Needs:
-        return Needs()
 
     def run(self, run: Run) -> None:
         bits = run.cfg.weights.bits

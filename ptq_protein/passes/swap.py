@@ -10,28 +10,17 @@ each is swapped), ``run.quantized`` (site -> what was done) and ``run.weight_sqn
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
 
-from ptq_protein.calibration.sites import Site
-from ptq_protein.config import QuantConfig
 from ptq_protein.nn.convert import swap_modules_
-from ptq_protein.passes.base import Needs
+from ptq_protein.passes.base import EveryRecipe
 from ptq_protein.passes.run import Run
 from ptq_protein.quant.metrics import sqnr_db
 
 __all__ = ["SwapModules"]
 
 
-class SwapModules:
-    @staticmethod
-    def applies(cfg: QuantConfig) -> bool:
-        return True
-
-    def needs(self, cfg: QuantConfig, sites: Sequence[Site]) -> Needs:
-        return Needs()
-
+class SwapModules(EveryRecipe):
     def run(self, run: Run) -> None:
         release = None if run.mapped is None else (lambda old: run.mapped.release(old.parameters()))
         run.quantized = swap_modules_(run.model, {s.name: s for s in run.plan.sites}, run.quants, run.cfg,
