@@ -47,7 +47,7 @@ def main() -> None:
 
     def calibrate(recipes, ride: bool = True):
         def run() -> None:
-            with contextlib.nullcontext() if ride else mock.patch.object(shared_calibration, "_study_can_ride",
+            with contextlib.nullcontext() if ride else mock.patch.object(shared_calibration, "study_can_ride",
                                                                            return_value=False):
                 shared_calibration.calibrate_recipes(model, recipes, seqs, calib_max_length=128)
         return run

@@ -288,15 +288,13 @@ def test_run_options_reject_an_unknown_tm_normalize():
 
 def test_recipes_of_one_run_share_calibration_passes_and_give_the_rows_of_separate_runs(tmp_path, user_set,
                                                                                           monkeypatch):
-    from ptq_protein import api
-    from ptq_protein.workflows import shared_calibration
+    from ptq_protein.passes import forwards
 
     calls = []
-    for module in (api, shared_calibration):
-        for name in ("calibrate", "study_calibrate"):
-            real = getattr(module, name)
-            monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or
-                                _real(*a, **k))
+    for name in ("calibrate", "study_calibrate"):  # every calibration pass runs through forwards
+        real = getattr(forwards, name)
+        monkeypatch.setattr(forwards, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or
+                            _real(*a, **k))
     common = ["--set", f"{user_set / 'set.fasta'}:{user_set / 'natives'}", "--calib", str(user_set / "set.fasta")]
     recipes = ["w8a8-pwlq", "w8a8-uniform", "study-a8-uniform", "study-a8-pwlq"]
     assert _cli(["contacts", "--model", "tiny-esm2", "--recipes", ",".join(["fp", *recipes]), *common,

@@ -105,6 +105,8 @@ FORBIDDEN = {
                                "ptq_protein.eval", "ptq_protein.recipes"),
     "ptq_protein.kernels": ("ptq_protein.calibration", "ptq_protein.nn", "ptq_protein.models", "ptq_protein.api",
                             "ptq_protein.cli", "ptq_protein.eval", "ptq_protein.quant"),
+    "ptq_protein.passes": ("ptq_protein.api", "ptq_protein.artifact", "ptq_protein.cli", "ptq_protein.eval",
+                           "ptq_protein.search", "ptq_protein.workflows"),
     "ptq_protein.search": ("ptq_protein.cli",),
     "ptq_protein.workflows": ("ptq_protein.cli",),
     "ptq_protein.site_plan": ("ptq_protein.calibration", "ptq_protein.nn", "ptq_protein.models", "ptq_protein.api",

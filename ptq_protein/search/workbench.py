@@ -17,9 +17,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ptq_protein.api import CalibrationInfo, QuantState, resolve_calibration
-from ptq_protein.api import crop_sequence
-from ptq_protein.calibration.calibrate import calibrate
+from ptq_protein.api import CalibrationInfo, QuantState, calibration_sequences
 from ptq_protein.calibration.sites import Site, discover_sites, select_sites, set_module
 from ptq_protein.config import Backend, QuantConfig, RangeMethod, SiteKind, SpecialTokens, TensorQuant
 from ptq_protein.errors import InputError
@@ -28,6 +26,7 @@ from ptq_protein.nn.convert import build_quant_linear
 from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.nn.qparams import activation_quantizer, needs_calibration
 from ptq_protein.nn.special_tokens import keep_special_tokens_float_
+from ptq_protein.passes.forwards import run_forwards
 from ptq_protein.quant.metrics import sqnr_db
 from ptq_protein.report import build_report
 
@@ -80,10 +79,10 @@ class Workbench:
 
     @torch.no_grad()
     def _calibrate(self, calibration, batch_size: Optional[int], max_length: Optional[int], spec: TensorQuant):
-        name, seqs = resolve_calibration(calibration)
-        seqs = [crop_sequence(s, max_length) for s in self.adapter.validate(seqs, where="calibration")]
-        stats = calibrate(self.model, self.adapter, self.sites, {s.name: spec for s in self.sites}, seqs,
-                          batch_size=batch_size, forward_kwargs=self.forward_kwargs)
+        name, seqs = calibration_sequences(self.adapter, calibration, max_length)
+        stats, _ = run_forwards(self.model, self.adapter, seqs, sites=self.sites,
+                                specs={s.name: spec for s in self.sites}, batch_size=batch_size,
+                                forward_kwargs=self.forward_kwargs)
         return stats, CalibrationInfo.for_sequences(name, seqs)
 
     # -- quantizers ----------------------------------------------------------------------

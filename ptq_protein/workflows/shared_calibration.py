@@ -7,7 +7,9 @@ in one pass; a recipe that needs different statistics at some site gets a pass
 of its own, and the returned notes say why. The ``study-*`` recipes keep the
 study's own statistics; their observers ride the first pass when its forwards
 are the study's (one sequence each, in order, the model as it runs: ESMFold's
-default), else they get a batch-1 pass of their own.
+default), else they get a batch-1 pass of their own. What each recipe needs is
+the plan ``pp.quantize`` makes for it (:func:`ptq_protein.passes.plan.plan_calibration`);
+the forwards run where ``pp.quantize``'s do (:mod:`ptq_protein.passes.forwards`).
 
     passes, notes = calibrate_recipes(model, ["w8a8-pwlq", "w8a8-uniform"], "casp14:50")
     qmodels = {name: pp.quantize(model, name, statistics=passes[name]) for name in passes}
@@ -15,7 +17,6 @@ default), else they get a batch-1 pass of their own.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 from dataclasses import dataclass, field
@@ -23,14 +24,15 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from torch import nn
 
-from ptq_protein.api import CalibrationArg, CalibrationInfo, CalibrationPass, calibration_sequences, static_sites
-from ptq_protein.calibration.calibrate import calibrate
+from ptq_protein.api import CalibrationArg, CalibrationInfo, CalibrationPass, calibration_sequences
 from ptq_protein.calibration.sharing import merge_collection_specs
-from ptq_protein.calibration.sites import Site, discover_sites, select_sites
-from ptq_protein.calibration.study import study_calibrate, study_observers
-from ptq_protein.config import QuantConfig, SiteKind, SpecialTokens, TensorQuant
+from ptq_protein.calibration.sites import Site, discover_sites
+from ptq_protein.config import QuantConfig, TensorQuant
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.mapped import mapped_file_of, release_after_forward
+from ptq_protein.passes.forwards import run_forwards
+from ptq_protein.passes.plan import CalibrationPlan, StudyWatch, plan_calibration, study_can_ride
+from ptq_protein.passes.recipe import resolve_recipe
 from ptq_protein.presets import resolve_config
 
 __all__ = ["calibrate_recipes"]
@@ -69,14 +71,15 @@ def calibrate_recipes(model: nn.Module, recipes: Sequence[Union[str, QuantConfig
         raise ValueError(f"recipe names must be distinct to share calibration, got {names}")
     adapter = get_adapter(model)
     all_sites = discover_sites(model, adapter)
-    study, notes = _plan_study(cfgs, all_sites)
-    groups, more_notes = _plan([c for c in cfgs if c.study is None], all_sites)
+    plans = [_recipe_plan(c, all_sites) for c in cfgs]
+    study, notes = _plan_study(plans)
+    groups, more_notes = _plan([p for p in plans if p.study is None])
     notes.update(more_notes)
     notes = {name: f"was calibrated in a pass of its own ({reason})" for name, reason in notes.items()}
     passes: Dict[str, Optional[CalibrationPass]] = {name: None for name in names}
     if not groups and study is None:
         return passes, notes
-    rides = study is not None and bool(groups) and _study_can_ride(model, adapter, batch_size)
+    rides = study is not None and bool(groups) and study_can_ride(model, adapter, batch_size)
     if rides:
         notes.update({name: f"keeps {STUDY_STATISTICS}, observed in the forwards of the pass of "
                             f"{', '.join(groups[0].recipes)}" for name in study.recipes})
@@ -97,72 +100,62 @@ def _run_passes(work: nn.Module, adapter, study: Optional["_StudyGroup"], groups
     """
     name, seqs = calibration_sequences(adapter, calibration, calib_max_length)
     info = CalibrationInfo.for_sequences(name, seqs)
-    extra = {"num_recycles": num_recycles} if num_recycles is not None else {}
+    run = dict(batch_size=batch_size, progress=progress,
+               forward_kwargs={"num_recycles": num_recycles} if num_recycles is not None else {})
     if study is not None and not rides:
         log.info("calibrating once for %s (the study's pass: batch 1, whole tensors)", ", ".join(study.recipes))
-        observers = study_calibrate(work, adapter, list(study.sites.values()), seqs, study.keep, study.calls, extra,
-                                    progress)
+        _, observers = run_forwards(work, adapter, seqs, study=study.watch(), **run)
         _fill(passes, CalibrationPass(info, {}, {}, list(study.recipes), study=observers))
     for i, group in enumerate(groups):
         riding = rides and i == 0
         log.info("calibrating once for %s%s", ", ".join(group.recipes),
                  f" and, in the same forwards, {', '.join(study.recipes)}" if riding else "")
-        with (study_observers(work, list(study.sites.values()), study.keep, study.calls) if riding
-              else contextlib.nullcontext()) as observers:
-            stats = calibrate(work, adapter, list(group.sites.values()), group.specs, seqs, batch_size=batch_size,
-                              progress=progress, forward_kwargs=extra, include_special=group.include_special)
+        stats, observers = run_forwards(work, adapter, seqs, sites=list(group.sites.values()), specs=group.specs,
+                                        include_special=group.include_special,
+                                        study=study.watch() if riding else None, **run)
         if riding:
             _fill(passes, CalibrationPass(info, {}, {}, list(study.recipes), study=observers))
         _fill(passes, CalibrationPass(info, dict(group.specs), stats, list(group.recipes),
                                       include_special=group.include_special))
 
 
-def _study_can_ride(model: nn.Module, adapter, batch_size: Optional[int]) -> bool:
-    """True when a pass of ours sees exactly the study pass's forwards, so its hooks can share them.
-
-    That is one sequence a forward in the given order (:meth:`ModelAdapter.batches`
-    at batch 1) with the model as it runs (calibration mode changes nothing), the
-    study's pass. Its observers then see the very tensors of a pass of their own:
-    one pass's forwards instead of two, the same statistics bit for bit.
-    """
-    return adapter.batch_size(batch_size) == 1 and adapter.calibrates_as_it_runs(model)
-
-
 def _fill(passes: Dict[str, Optional[CalibrationPass]], shared: CalibrationPass) -> None:
     passes.update({recipe: shared for recipe in shared.recipes})
 
 
-def _plan(cfgs: Sequence[QuantConfig], all_sites: Sequence[Site]) -> Tuple[List[_Group], Dict[str, str]]:
+def _recipe_plan(cfg: QuantConfig, all_sites: Sequence[Site]) -> CalibrationPlan:
+    """The plan ``pp.quantize`` makes for ``cfg`` on these sites (the one decision both read)."""
+    recipe = resolve_recipe(cfg)
+    return plan_calibration(cfg, recipe.passes, recipe.select(all_sites, cfg))
+
+
+def _plan(plans: Sequence[CalibrationPlan]) -> Tuple[List[_Group], Dict[str, str]]:
     """First-fit grouping, in the given order, so the first recipe's pass serves as many as it can."""
     groups: List[_Group] = []
     notes: Dict[str, str] = {}
-    for cfg in cfgs:
-        own = _calibrates_on_its_own(cfg)
-        if own:
-            notes[cfg.name] = own
+    for plan in plans:
+        if plan.own_pass:
+            notes[plan.recipe] = plan.own_pass
             continue
-        sites = static_sites(select_sites(all_sites, cfg), cfg)
-        if not sites:
+        if not plan.static:
             continue
-        wanted = {s.name: cfg.activations for s in sites}
-        include = cfg.special_tokens is SpecialTokens.INCLUDE
         reasons = []
         for group in groups:
-            merged, reason = merge_collection_specs(group.specs, wanted)
-            if group.include_special != include:
+            merged, reason = merge_collection_specs(group.specs, plan.specs)
+            if group.include_special != plan.include_special:
                 merged, reason = None, "one calibrates on the BOS/EOS rows too (special_tokens='include'), one not"
             if merged is not None:
                 group.specs = merged
                 break
             reasons.append(f"cannot share the pass of {', '.join(group.recipes)}: {reason}")
         else:
-            group = _Group(include_special=include)
+            group = _Group(include_special=plan.include_special)
             groups.append(group)
-            group.specs = dict(wanted)
+            group.specs = dict(plan.specs)
             if reasons:
-                notes[cfg.name] = "; ".join(reasons)
-        group.recipes.append(cfg.name)
-        group.sites.update({s.name: s for s in sites})
+                notes[plan.recipe] = "; ".join(reasons)
+        group.recipes.append(plan.recipe)
+        group.sites.update({s.name: s for s in plan.static})
     return groups, notes
 
 
@@ -175,33 +168,29 @@ class _StudyGroup:
     sites: Dict[str, Site] = field(default_factory=dict)
     keep: int = 1
 
+    def watch(self) -> StudyWatch:
+        return StudyWatch(tuple(self.sites.values()), self.keep, self.calls)
+
 
 STUDY_STATISTICS = "the study's own statistics (batch 1, first calls, BOS/EOS included)"
 STUDY_OWN_PASS = f"a study-exact recipe collects {STUDY_STATISTICS}"
 
 
-def _plan_study(cfgs: Sequence[QuantConfig], all_sites: Sequence[Site]) -> Tuple[Optional[_StudyGroup], Dict[str, str]]:
+def _plan_study(plans: Sequence[CalibrationPlan]) -> Tuple[Optional[_StudyGroup], Dict[str, str]]:
     """One pass for every study-* recipe that calibrates with the first one's call count (the study's 50)."""
     group: Optional[_StudyGroup] = None
     notes: Dict[str, str] = {}
-    for cfg in cfgs:
-        if cfg.study is None or cfg.activations is None:
+    for plan in plans:
+        watch = plan.study
+        if watch is None:
             continue
         if group is None:
-            group = _StudyGroup(cfg.study.calls)
-        if cfg.study.calls != group.calls:
-            notes[cfg.name] = f"{STUDY_OWN_PASS}; it counts {cfg.study.calls} calls, the shared study pass " \
-                              f"{group.calls}"
+            group = _StudyGroup(watch.calls)
+        if watch.calls != group.calls:
+            notes[plan.recipe] = f"{STUDY_OWN_PASS}; it counts {watch.calls} calls, the shared study pass {group.calls}"
             continue
-        notes[cfg.name] = STUDY_OWN_PASS + (f", shared with {', '.join(group.recipes)}" if group.recipes else "")
-        group.recipes.append(cfg.name)
-        group.keep = max(group.keep, cfg.activations.topk)
-        group.sites.update({s.name: s for s in select_sites(all_sites, cfg) if s.kind is not SiteKind.MATMUL})
+        notes[plan.recipe] = STUDY_OWN_PASS + (f", shared with {', '.join(group.recipes)}" if group.recipes else "")
+        group.recipes.append(plan.recipe)
+        group.keep = max(group.keep, watch.keep)
+        group.sites.update({s.name: s for s in watch.sites})
     return group, notes
-
-
-def _calibrates_on_its_own(cfg: QuantConfig) -> Optional[str]:
-    """Why a recipe cannot read a shared pass (None: it can)."""
-    if cfg.changes_model_before_calibration:
-        return "SmoothQuant/GPTQ change the model before its activations are calibrated"
-    return None

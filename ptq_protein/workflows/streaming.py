@@ -31,17 +31,19 @@ from torch import nn
 
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.nn.special_tokens import apply_special_tokens_
-from ptq_protein.api import (CalibrationArg, CalibrationInfo, QuantState, crop_sequence, _specs_for,
-                             fit_activation_quantizers, resolve_calibration)
+from ptq_protein.api import CalibrationArg, CalibrationInfo, QuantState
 from ptq_protein.calibration.calibrate import collect_stats
-from ptq_protein.calibration.sites import discover_sites, select_sites
-from ptq_protein.config import QuantConfig, SiteKind
+from ptq_protein.calibration.sites import discover_sites
+from ptq_protein.config import QuantConfig
 from ptq_protein.errors import InputError
 from ptq_protein.models.checkpoints import load_torch_checkpoint
 from ptq_protein.models.fair_esm2 import esm2_skeleton, fair_esm2_state, fill_missing_regression
 from ptq_protein.models.mapped import MappedFile, trim_heap
 from ptq_protein.nn.convert import swap_modules_
-from ptq_protein.nn.qparams import needs_calibration
+from ptq_protein.passes.fit_activations import fit_activation_quantizers
+from ptq_protein.passes.plan import CalibrationPlan, plan_calibration
+from ptq_protein.passes.recipe import resolve_recipe
+from ptq_protein.passes.sequences import calibration_sequences
 from ptq_protein.presets import resolve_config
 from ptq_protein.report import build_report
 
@@ -62,6 +64,7 @@ def quantize_streaming(path: Union[str, Path], config: Union[str, QuantConfig, d
         raise ValueError(f"propagate={propagate!r}: use 'fp' (equal to the default mode) or 'quantized'")
     path = Path(path)
     cfg = resolve_config(config)
+    recipe = resolve_recipe(cfg)
     data = load_torch_checkpoint(path, allow_pickle=allow_pickle, mmap=True)
     if not (isinstance(data, dict) and isinstance(data.get("cfg"), dict) and "model" in data["cfg"]):
         raise InputError(f"{path}: --low-memory reads fair-esm ESM-2 files (with cfg['model']); "
@@ -77,12 +80,15 @@ def quantize_streaming(path: Union[str, Path], config: Union[str, QuantConfig, d
     model.eval()
     adapter = get_adapter(model)
     adapter.prepare(model)
-    chosen = select_sites(discover_sites(model, adapter), cfg)
-    name, seqs = resolve_calibration(calibration)
-    seqs = [crop_sequence(s, calib_max_length) for s in adapter.validate(seqs, where="calibration")]
+    plan = plan_calibration(cfg, recipe.passes, recipe.select(discover_sites(model, adapter), cfg))
+    if recipe.study or plan.own_pass is not None:  # the float model is never whole: no transform, no study pass
+        why = "it is the study's own pipeline" if recipe.study else plan.own_pass
+        raise InputError(f"--low-memory streams our calibrate, fit and swap passes only, and recipe {cfg.name!r} "
+                         f"needs more ({why}): quantize it without --low-memory")
+    name, seqs = calibration_sequences(adapter, calibration, calib_max_length)
     batches = list(adapter.batches(seqs, batch_size))
     streams = [_embed(model, b.inputs["tokens"]) for b in batches]
-    run = _Run(model, cfg, chosen, batches)
+    run = _Run(model, cfg, plan, batches)
     for i, layer in enumerate(model.layers):
         prefix = f"layers.{i}."
         own = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
@@ -100,8 +106,9 @@ def quantize_streaming(path: Union[str, Path], config: Union[str, QuantConfig, d
 class _Run:
     """Statistics, quantizers and swaps gathered layer by layer."""
 
-    def __init__(self, model: nn.Module, cfg: QuantConfig, chosen, batches) -> None:
-        self.model, self.cfg, self.chosen, self.batches = model, cfg, chosen, batches
+    def __init__(self, model: nn.Module, cfg: QuantConfig, plan: CalibrationPlan, batches) -> None:
+        self.model, self.cfg, self.plan, self.batches = model, cfg, plan, batches
+        self.chosen = list(plan.sites)
         self.stats: Dict[str, object] = {}
         self.quants: Dict[str, object] = {}
         self.done: Dict[str, str] = {}
@@ -113,9 +120,10 @@ class _Run:
         sites = [s for s in self.chosen if s.name not in self.seen and (rest or s.name.startswith(prefix))]
         self.seen.update(s.name for s in sites)
         act = [s for s in sites if self.cfg.activations is not None]
-        static = [s for s in act if needs_calibration(self.cfg.activations) or s.kind is SiteKind.MATMUL]
+        static = [s for s in sites if s.name in self.plan.specs]
         outputs = []
-        with collect_stats(self.model, static, _specs_for(static, self.cfg)) as (stats, mask_state):
+        specs = {s.name: self.plan.specs[s.name] for s in static}
+        with collect_stats(self.model, static, specs) as (stats, mask_state):
             for batch, (x, pad) in zip(self.batches, streams):
                 mask_state.batch = batch
                 outputs.append((step(x, pad), pad))

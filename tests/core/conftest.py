@@ -12,13 +12,12 @@ def calibration_counter(monkeypatch):
     Wraps ``calibrate`` where the library calls it and every adapter class's
     ``forward``, so a forward counts only while a calibration pass is running.
     """
-    from ptq_protein import api
-    from ptq_protein.workflows import shared_calibration
+    from ptq_protein.passes import forwards
     from ptq_protein.models.adapters import ModelAdapter
 
     counts = {"passes": 0, "forwards": 0}
     inside = [False]
-    real_calibrate = api.calibrate
+    real_calibrate = forwards.calibrate
 
     def counting_calibrate(*args, **kwargs):
         counts["passes"] += 1
@@ -38,6 +37,5 @@ def calibration_counter(monkeypatch):
                 return _real(self, *args, **kwargs)
 
             monkeypatch.setattr(cls, "forward", counting_forward)
-    monkeypatch.setattr(shared_calibration, "calibrate", counting_calibrate)
-    monkeypatch.setattr(api, "calibrate", counting_calibrate)
+    monkeypatch.setattr(forwards, "calibrate", counting_calibrate)  # every calibration pass runs through it
     return counts

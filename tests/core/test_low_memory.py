@@ -47,6 +47,16 @@ def test_streaming_equals_default_mode_bit_for_bit(tmp_path, recipe):
     assert torch.equal(default(tokens)["logits"], streamed(tokens)["logits"])
 
 
+@pytest.mark.parametrize("recipe, why", [("w8a8-smoothquant-pwlq", "change the model"),
+                                         ("study-w8", "the study's own pipeline")])
+def test_streaming_refuses_a_recipe_whose_passes_it_cannot_stream(tmp_path, recipe, why):
+    from ptq_protein.errors import InputError
+
+    path = _write_fair_esm2(tmp_path / "esm2_t6_8M_UR50D.pt")
+    with pytest.raises(InputError, match=f"{why}.*without --low-memory"):
+        quantize_streaming(path, recipe, calibration=SEQS)
+
+
 def test_streaming_quantized_propagation_differs_only_after_the_first_layer(tmp_path):
     path = _write_fair_esm2(tmp_path / "m.pt")
     fp = quantize_streaming(path, "w8a8-uniform", calibration=SEQS, batch_size=2)

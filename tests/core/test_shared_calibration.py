@@ -63,7 +63,7 @@ def test_stats_needs_merge():
 
 
 def test_study_recipes_share_one_batch_1_pass_and_equal_calibrating_alone(esm2, seqs, monkeypatch):
-    from ptq_protein import api
+    from ptq_protein.passes import forwards
     from ptq_protein.calibration import study
 
     runs = []
@@ -73,13 +73,12 @@ def test_study_recipes_share_one_batch_1_pass_and_equal_calibrating_alone(esm2, 
         runs.append(k)
         return real(model, adapter, sites, sequences, k, calls, *args, **kwargs)
 
-    monkeypatch.setattr(shared_calibration, "study_calibrate", counting)
+    monkeypatch.setattr(forwards, "study_calibrate", counting)  # the study's pass, for calibrate_recipes and quantize
     recipes = ["study-a8-uniform", "study-a8-pwlq", "w8a8-pwlq"]  # top-1, top-2, and one of ours
     passes, notes = shared_calibration.calibrate_recipes(esm2, recipes, seqs, batch_size=2)
     assert runs == [2]  # one study pass, keeping enough extremes for both top-k
     assert passes["study-a8-uniform"] is passes["study-a8-pwlq"] is not passes["w8a8-pwlq"]
     assert "shared with study-a8-uniform" in notes["study-a8-pwlq"]
-    monkeypatch.setattr(api, "study_calibrate", counting)
     for recipe in recipes[:2]:
         before = len(runs)
         shared = pp.quantize(esm2, recipe, statistics=passes[recipe])
@@ -98,17 +97,16 @@ def test_study_recipes_share_one_batch_1_pass_and_equal_calibrating_alone(esm2, 
 
 
 def _counting_study_passes(monkeypatch):
-    from ptq_protein import api
+    from ptq_protein.passes import forwards
 
     runs = []
-    real = shared_calibration.study_calibrate
+    real = forwards.study_calibrate
 
     def counting(*args, **kwargs):
         runs.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(shared_calibration, "study_calibrate", counting)
-    monkeypatch.setattr(api, "study_calibrate", counting)
+    monkeypatch.setattr(forwards, "study_calibrate", counting)  # where calibrate_recipes and quantize run it
     return runs
 
 

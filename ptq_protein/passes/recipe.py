@@ -1,0 +1,68 @@
+"""Recipes as sequences of passes: which passes a config lists, in which order, over which sites.
+
+A pass is listed when its ``applies(cfg)`` says the config asks for it (the
+recipe's entry: ``cfg.smoothquant``, ``cfg.gptq``, ``cfg.study``, ...). Our
+recipes and the study's are two pipelines: ours transforms, calibrates, fits and
+swaps; the study's calibrates with its own observers, attaches its quantizers and
+rounds its weights, as their notebook does. Adding a method is a pass file plus
+its place in one of these tuples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Sequence, Tuple
+
+from torch import nn
+
+from ptq_protein.calibration.sites import Site, discover_sites, select_sites
+from ptq_protein.config import QuantConfig, SiteKind
+from ptq_protein.errors import InputError
+from ptq_protein.passes.base import Pass
+from ptq_protein.passes.calibrate import CalibrateOurs
+from ptq_protein.passes.fit_activations import FitActivations
+from ptq_protein.passes.fold_smoothquant import FoldSmoothQuant
+from ptq_protein.passes.report_rows import ReportRows
+from ptq_protein.passes.sequential_gptq import SequentialGptq
+from ptq_protein.passes.special_tokens import SpecialTokenRows
+from ptq_protein.passes.study_activations import StudyActivations
+from ptq_protein.passes.study_calibrate import StudyCalibrate
+from ptq_protein.passes.study_w8 import StudyW8
+from ptq_protein.passes.swap import SwapModules
+
+__all__ = ["Recipe", "resolve_recipe", "OUR_PASSES", "STUDY_PASSES"]
+
+# In order. Transforms that change the model come before the calibration that must see them.
+OUR_PASSES = (FoldSmoothQuant, SequentialGptq, CalibrateOurs, FitActivations, SwapModules, SpecialTokenRows,
+              ReportRows)
+STUDY_PASSES = (StudyCalibrate, StudyActivations, StudyW8)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A config's passes; ``study``: the study's pipeline (module-input sites only, so no MATMUL)."""
+
+    passes: Tuple[Pass, ...]
+    study: bool = False
+
+    def select(self, all_sites: Sequence[Site], cfg: QuantConfig) -> List[Site]:
+        """The sites this recipe quantizes, of those discovered."""
+        chosen = select_sites(all_sites, cfg)
+        return [s for s in chosen if s.kind is not SiteKind.MATMUL] if self.study else chosen
+
+    def choose(self, model: nn.Module, adapter, cfg: QuantConfig) -> List[Site]:
+        """:meth:`select` on ``model``, refusing a model or a recipe with nothing to quantize."""
+        all_sites = discover_sites(model, adapter)
+        if not all_sites and not self.study:
+            raise InputError(f"{type(model).__name__} has no quantizable sites (no Linear or LayerNorm modules)")
+        chosen = self.select(all_sites, cfg)
+        wanted = cfg.activations is not None if self.study else bool(cfg.kinds)
+        if wanted and not chosen:
+            raise InputError(f"recipe {cfg.name!r} selects no site of this model: check kinds/groups/include/exclude")
+        return chosen
+
+
+def resolve_recipe(cfg: QuantConfig) -> Recipe:
+    """The passes ``cfg`` lists, in pipeline order."""
+    study = cfg.study is not None
+    return Recipe(tuple(p() for p in (STUDY_PASSES if study else OUR_PASSES) if p.applies(cfg)), study)

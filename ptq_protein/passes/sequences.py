@@ -1,0 +1,59 @@
+"""Calibration sequences from what the caller gave: a FASTA path, a bundled set spec, or a list."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional, Sequence, Union
+
+from ptq_protein.errors import InputError
+
+__all__ = ["CalibrationArg", "resolve_calibration", "calibration_records", "calibration_sequences", "crop_sequence"]
+
+CalibrationArg = Union[None, str, Path, Sequence[str], Sequence[tuple]]
+
+
+def resolve_calibration(calibration: CalibrationArg, why: str = "static activations") -> tuple:
+    """(name, sequences) from a FASTA path, a set spec (``casp14:50``), or a list."""
+    return _calibration_name(calibration), [seq for _, seq in calibration_records(calibration, why)]
+
+
+def calibration_records(calibration: CalibrationArg, why: str = "static activations") -> List[tuple]:
+    """(id, sequence) pairs of a FASTA path, a set spec or a list (list items get ids ``seq1``, ...)."""
+    if calibration is None:
+        raise InputError(f"this recipe has {why} and needs calibration sequences: pass calibration= "
+                         "(a FASTA path, a bundled set such as 'casp14:50', or a list of sequences)")
+    if isinstance(calibration, (str, Path)):
+        text = str(calibration)
+        if Path(text).exists():
+            from ptq_protein.fasta import read_fasta
+
+            return list(read_fasta(Path(text)))
+        from ptq_protein.data.sets import load_set
+
+        bench = load_set(text)
+        return [(t.id, t.sequence) for t in bench]
+    records = [item if isinstance(item, tuple) else (f"seq{i + 1}", item) for i, item in enumerate(calibration)]
+    if not all(isinstance(s, str) for _, s in records):
+        raise TypeError("calibration must be a FASTA path, a set name, or a list of sequence strings / (id, seq) tuples")
+    return records
+
+
+def calibration_sequences(adapter, calibration: CalibrationArg, calib_max_length: Optional[int],
+                          why: str = "static activations") -> tuple:
+    """(name, sequences) as calibration runs them: validated, and cropped to ``calib_max_length``."""
+    name, seqs = resolve_calibration(calibration, why)
+    return name, [crop_sequence(s, calib_max_length) for s in adapter.validate(seqs, where="calibration")]
+
+
+def crop_sequence(seq: str, max_length: Optional[int]) -> str:
+    """The central ``max_length`` residues of ``seq`` (all of it when shorter, or when ``max_length`` is None/0)."""
+    if not max_length or len(seq) <= max_length:
+        return seq
+    start = (len(seq) - max_length) // 2
+    return seq[start:start + max_length]
+
+
+def _calibration_name(calibration: CalibrationArg) -> str:
+    if isinstance(calibration, (str, Path)):
+        return Path(str(calibration)).name if Path(str(calibration)).exists() else str(calibration)
+    return "sequences"
