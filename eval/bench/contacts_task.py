@@ -42,10 +42,10 @@ CONTACT_COLUMNS = (("target", "recipe", "status", "length")
                    + tuple(f"{r}_{s}" for r in _RANGES for s in _STATS) + ("mae_vs_fp", "seconds", "contacts"))
 CONTACT_METRICS = (
     MetricSpec("long_P@L", "long-range P@L"),
-    MetricSpec("long_P@L5", "long-range P@L/5"),
+    MetricSpec("long_P@L5", "long-range P@L5"),
     MetricSpec("medium_P@L", "medium-range P@L"),
     MetricSpec("short_P@L", "short-range P@L"),
-    MetricSpec("mae_vs_fp", "mean |p - p_FP|", higher_is_better=False, compare_to_fp=False),
+    MetricSpec("mae_vs_fp", "mean |p - p_FP|", higher_is_better=False, compare_to_fp=False, limits=None),
 )
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Dict, Iterable, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
 from ptq_protein.io_utils import atomic_write_text, check_out_path, folder_lock, safe_stem
+from ptq_protein.progress import progress as progress_of
 
 __all__ = ["fold_one", "fold_to_pdbs", "require_esmfold"]
 
@@ -66,11 +67,7 @@ def fold_to_pdbs(model: nn.Module, records: Sequence[Tuple[str, str]], out_dir: 
 
 def _fold_all(model: nn.Module, records: Sequence[Tuple[str, str]], paths: Dict[str, Path], index: Dict[str, str],
               index_path: Path, num_recycles: Optional[int], progress: bool) -> Dict[str, Tuple[float, Path]]:
-    items: Iterable = records
-    if progress:
-        from tqdm.auto import tqdm
-
-        items = tqdm(records, desc="folding", unit="seq")
+    items = progress_of(records, "folding", "sequences", show=progress)
     written = {}
     for seq_id, seq in items:
         pdb, plddt, _ = fold_one(model, seq, num_recycles)

@@ -27,6 +27,7 @@ from ptq_protein.eval.bench.results_store import STATUS_OK, TEXT_COLUMNS, Result
 from ptq_protein.eval.tmscore import TMNormalize
 from ptq_protein.io_utils import check_out_path, folder_lock, safe_stem
 from ptq_protein.data.sets import BenchmarkSet, Target
+from ptq_protein.progress import progress as progress_of
 
 __all__ = ["FP_RECIPE", "RunOptions", "normalize_recipes", "run_recipes", "length_status", "prediction_path",
            "open_run"]
@@ -292,11 +293,7 @@ def _run_one(model: nn.Module, recipe: str, target: Target, store: ResultsStore,
 
 
 def _progress(targets: Sequence[Target], recipe: str, show: bool) -> Iterable[Target]:
-    if not show:
-        return targets
-    from tqdm.auto import tqdm
-
-    return tqdm(targets, desc=recipe, unit="target")
+    return progress_of(targets, recipe, "targets", show=show)
 
 
 def _describe(calibration: Any) -> str:

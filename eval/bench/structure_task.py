@@ -44,8 +44,8 @@ STRUCTURE_METRICS = (
     MetricSpec("tm_score", "TM-score vs native"),
     MetricSpec("gdt_ts", "GDT-TS vs native"),
     MetricSpec("lddt", "lDDT vs native"),
-    MetricSpec("rmsd", "RMSD vs native (Å)", higher_is_better=False),
-    MetricSpec("plddt", "mean pLDDT"),
+    MetricSpec("rmsd", "RMSD vs native (Å)", higher_is_better=False, limits=None),
+    MetricSpec("plddt", "mean pLDDT", limits=(0.0, 100.0)),
     MetricSpec("tm_fidelity", "TM-score vs FP prediction", compare_to_fp=False),
 )
 

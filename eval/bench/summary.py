@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from ptq_protein.eval.bench.plots import plot_scatter, values_of
 from ptq_protein.io_utils import atomic_write_text
 
 __all__ = ["MetricSpec", "RecipeSummary", "bootstrap_mean_ci", "summarize", "render_summary", "plot_scatter",
@@ -40,6 +41,7 @@ class MetricSpec:
     label: str
     higher_is_better: bool = True
     compare_to_fp: bool = True
+    limits: Optional[Tuple[float, float]] = (0.0, 1.0)  # the metric's whole range, the plots' fixed axes (None: free)
 
     def __post_init__(self) -> None:
         if not self.column or not self.label:
@@ -87,7 +89,7 @@ def bootstrap_mean_ci(values: Sequence[float], resamples: int = BOOTSTRAP_RESAMP
 def summarize(rows: Sequence[Mapping[str, Any]], recipes: Sequence[str], metric: MetricSpec,
               reference: str = "fp") -> List[RecipeSummary]:
     """Per-recipe n / mean / median of ``metric`` and, paired by target, Δ vs ``reference``."""
-    values = {r: _values(rows, r, metric.column) for r in recipes}
+    values = {r: values_of(rows, r, metric.column) for r in recipes}
     ref = values.get(reference, {})
     out = []
     for recipe in recipes:
@@ -138,45 +140,10 @@ def render_summary(rows: Sequence[Mapping[str, Any]], recipes: Sequence[str], ta
     return "\n".join(lines) + "\n"
 
 
-def plot_scatter(rows: Sequence[Mapping[str, Any]], recipes: Sequence[str], metric: MetricSpec,
-                 path: Union[str, Path], title: str = "", reference: str = "fp") -> Path:
-    """PNG: FP vs quantized ``metric`` per target, one panel per non-reference recipe, with y = x."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise ValueError("the summary plot needs matplotlib: pip install 'ptq-protein[plot]'") from e
-    others = [r for r in recipes if r != reference] or [reference]
-    ref = _values(rows, reference, metric.column)
-    fig, axes = plt.subplots(1, len(others), figsize=(4.0 * len(others), 4.0), squeeze=False)
-    for ax, recipe in zip(axes.flat, others):
-        mine = _values(rows, recipe, metric.column)
-        paired = sorted(set(mine) & set(ref))
-        xs, ys = [ref[t] for t in paired], [mine[t] for t in paired]
-        ax.scatter(xs, ys, s=14, alpha=0.8)
-        lo, hi = _limits(xs + ys)
-        ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8, ls="--")
-        ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel=f"{reference} {metric.column}", ylabel=f"{recipe} {metric.column}",
-               title=f"{recipe} (n={len(paired)})")
-        ax.set_aspect("equal")
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
-
-
 def write_outputs(out_dir: Union[str, Path], rows: Sequence[Mapping[str, Any]], recipes: Sequence[str],
                   target_ids: Sequence[str], metrics: Sequence[MetricSpec], title: str,
                   note: str = "", details: Sequence[str] = ()) -> Dict[str, Path]:
-    """Write ``summary.md`` and the scatter PNG (headline = ``metrics[0]``) into ``out_dir``; return their paths.
+    """Write ``summary.md`` and the figure (headline = ``metrics[0]``; PNG, PDF, SVG) into ``out_dir``; return paths.
 
     Only rows of ``recipes`` x ``target_ids`` are summarised, so a resumed run
     over a subset (``--limit``) summarises what it was asked for.
@@ -186,31 +153,12 @@ def write_outputs(out_dir: Union[str, Path], rows: Sequence[Mapping[str, Any]], 
     rows = [r for r in rows if r["target"] in wanted and r["recipe"] in recipes]
     summary = out_dir / SUMMARY_NAME
     atomic_write_text(summary, render_summary(rows, recipes, target_ids, metrics, title, note, details))
-    plot = plot_scatter(rows, recipes, metrics[0], out_dir / PLOT_NAME, title=f"{title}: {metrics[0].label}")
+    fidelity = next((m for m in metrics if not m.compare_to_fp and m.higher_is_better), None)
+    plot = plot_scatter(rows, recipes, metrics[0], out_dir / PLOT_NAME, title=title, fidelity=fidelity)
     return {"summary": summary, "plot": plot}
 
 
 # --- helpers ----------------------------------------------------------------------
-
-
-def _values(rows: Sequence[Mapping[str, Any]], recipe: str, column: str) -> Dict[str, float]:
-    """{target: value} of scored rows of ``recipe`` (status ok, finite value)."""
-    out = {}
-    for row in rows:
-        if row["recipe"] != recipe or row.get("status") != "ok":
-            continue
-        value = _as_float(row.get(column))
-        if value is not None:
-            out[row["target"]] = value
-    return out
-
-
-def _as_float(value: Any) -> Optional[float]:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
 
 
 def _fmt(value: float) -> str:
@@ -220,14 +168,6 @@ def _fmt(value: float) -> str:
     return f"{value:.2e}" if 0 < abs(value) < 1e-3 else f"{value:.4f}"
 
 
-def _limits(values: Sequence[float]) -> Tuple[float, float]:
-    if not values:
-        return 0.0, 1.0
-    lo, hi = min(values), max(values)
-    pad = 0.05 * (hi - lo) or 0.05
-    return lo - pad, hi + pad
-
-
 def _status_line(rows: Sequence[Mapping[str, Any]], recipes: Sequence[str], head: MetricSpec) -> str:
     """Counts per recipe; where some ok rows have no headline value (no native), how many do: the table's n."""
     parts = []
@@ -235,7 +175,7 @@ def _status_line(rows: Sequence[Mapping[str, Any]], recipes: Sequence[str], head
         mine = [r for r in rows if r["recipe"] == recipe]
         ok = sum(r["status"] == "ok" for r in mine)
         skipped = sum(r["status"].startswith("skipped") for r in mine)
-        scored = len(_values(rows, recipe, head.column))
+        scored = len(values_of(rows, recipe, head.column))
         with_head = f" ({scored} with {head.column})" if scored != ok else ""
         parts.append(f"{recipe}: {ok} ok{with_head}, {skipped} skipped, {len(mine) - ok - skipped} failed")
     return "; ".join(parts) + "."
@@ -243,11 +183,11 @@ def _status_line(rows: Sequence[Mapping[str, Any]], recipes: Sequence[str], head
 
 def _worst_targets(rows: Sequence[Mapping[str, Any]], recipes: Sequence[str], metric: MetricSpec,
                    reference: str = "fp") -> List[str]:
-    ref = _values(rows, reference, metric.column)
+    ref = values_of(rows, reference, metric.column)
     sign = 1.0 if metric.higher_is_better else -1.0
     lines = []
     for recipe in (r for r in recipes if r != reference):
-        mine = _values(rows, recipe, metric.column)
+        mine = values_of(rows, recipe, metric.column)
         diffs = sorted((sign * (mine[t] - ref[t]), t) for t in set(mine) & set(ref))
         worst = [f"{t} ({sign * d:+.4f})" for d, t in diffs[:_WORST_SHOWN] if d < -TIE_TOLERANCE]
         if worst:

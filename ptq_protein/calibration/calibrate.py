@@ -29,6 +29,7 @@ from ptq_protein.quant.histogram import HistogramObserver
 from ptq_protein.quant.observers import MinMaxObserver, TopKObserver
 from ptq_protein.quant.stats import Moments, MomentsObserver
 from ptq_protein.calibration.sites import Site, set_module
+from ptq_protein.progress import progress as progress_of
 
 __all__ = ["SiteStats", "calibrate", "collect_stats"]
 
@@ -371,11 +372,7 @@ def calibrate(model: nn.Module, adapter: ModelAdapter, sites: Sequence[Site], sp
         raise InputError("the calibration set is empty: give at least one sequence (a FASTA file, a set such as casp14:50, or a list)")
     forward_kwargs = forward_kwargs or {}
     batches: List[Batch] = list(adapter.batches(list(sequences), batch_size))
-    iterator = batches
-    if progress:
-        from tqdm.auto import tqdm
-
-        iterator = tqdm(batches, desc="calibrating", unit="batch")
+    iterator = progress_of(batches, "calibrating", "batches", show=progress)
     was_training = model.training
     model.eval()
     try:

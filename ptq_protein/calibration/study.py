@@ -21,6 +21,7 @@ from ptq_protein.calibration.sites import Site
 from ptq_protein.errors import InputError
 from ptq_protein.models.adapters import ModelAdapter
 from ptq_protein.quant.study_observer import StudyTopKObserver
+from ptq_protein.progress import progress as progress_of
 
 __all__ = ["study_calibrate", "study_observers"]
 
@@ -56,11 +57,7 @@ def study_calibrate(model: nn.Module, adapter: ModelAdapter, sites: Sequence[Sit
     """Run ``sequences`` one at a time (batch 1, in the given order) and return each site's observer."""
     if not sequences:
         raise InputError("the calibration set is empty: give at least one sequence (e.g. casp14:50, as the study)")
-    iterator: Sequence[str] = sequences
-    if progress:
-        from tqdm.auto import tqdm
-
-        iterator = tqdm(sequences, desc="calibrating (study)", unit="seq")
+    iterator = progress_of(sequences, "calibrating (study)", "sequences", show=progress)
     was_training = model.training
     model.eval()
     try:

@@ -37,8 +37,8 @@ def print_json(obj: Any) -> None:
 
 
 def show_progress(args: argparse.Namespace) -> bool:
-    """Progress bars only for a person at a terminal."""
-    return not getattr(args, "quiet", False) and sys.stderr.isatty()
+    """Progress unless ``--quiet``: a bar at a terminal, log lines with an ETA otherwise (``ptq_protein.progress``)."""
+    return not getattr(args, "quiet", False)
 
 
 # On CPU, ESMFold's triangle attention (cubic in length) makes long calibration

@@ -22,6 +22,7 @@ folders searched and how to provide them (folders: :mod:`.resolve`).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import hashlib
 import logging
@@ -192,7 +193,9 @@ def _locate(name: str, weights: Optional[Union[str, os.PathLike]]) -> Path:
     if re.fullmatch(r"[\w.-]+/[\w.-]+", name):
         return _search(name, [(name, None)])
     known = list(TINY_MODELS) + list(resolve.ESMFOLD_NAMES) + list(resolve.FAIR_ESM_MODELS)
-    raise InputError(f"unknown model {name!r}: not a file or folder, nor one of {', '.join(known)}, "
+    close = difflib.get_close_matches(short, known, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise InputError(f"unknown model {name!r}: {hint}not a file or folder, nor one of {', '.join(known)}, "
                      "nor a Hugging Face repo id (org/name); check the spelling or pass --weights PATH")
 
 

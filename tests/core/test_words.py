@@ -96,3 +96,23 @@ def test_fasta_from_a_device_or_folder_says_so(tmp_path):
         list(read_fasta(tmp_path))
     with pytest.raises(InputError, match="not found"):
         list(read_fasta(tmp_path / "missing.fasta"))
+
+
+def test_did_you_mean_for_models_and_presets():
+    from ptq_protein.models.loading import load_model
+    from ptq_protein.presets import get_preset
+
+    with pytest.raises(InputError, match="did you mean 'esm2_t6_8M_UR50D'"):
+        load_model("esm2_t6_8M")
+    with pytest.raises(ValueError, match="did you mean 'w8a8-pwlq'"):
+        get_preset("w8a8-pwql")
+
+
+def test_contact_labels_use_the_column_spelling():
+    """One spelling of contact metrics: every summary label names its column's statistic as the column does."""
+    from ptq_protein.eval.bench.contacts_task import CONTACT_METRICS
+
+    for metric in CONTACT_METRICS:
+        stat = metric.column.split("_", 1)[1]
+        if "@" in stat:
+            assert stat in metric.label, (metric.column, metric.label)
