@@ -36,6 +36,9 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
              calib_max_length: Optional[int] = None, statistics: Optional[CalibrationPass] = None) -> nn.Module:
     """Quantize an ESM model (fair-esm or transformers) and return it, called like the original.
 
+    The config's passes (:mod:`ptq_protein.passes.recipe`) run in order on one
+    record, after one plan of their calibration (:mod:`ptq_protein.passes.plan`).
+
     Parameters
     ----------
     model : fair-esm ``ESM2`` / ``ProteinBertModel``, transformers ``EsmModel`` /
@@ -57,9 +60,6 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
         calibrating, so several recipes share one pass; ``calibration``,
         ``batch_size``, ``num_recycles`` and ``calib_max_length`` are then unused.
         A pass that lacks this recipe's statistics is refused (ValueError).
-
-    The config's passes (:mod:`ptq_protein.passes.recipe`) run in order on one
-    record, after one plan of their calibration (:mod:`ptq_protein.passes.plan`).
 
     Example
     -------
@@ -90,8 +90,7 @@ def _resolved(config: Union[str, QuantConfig, dict], backend: Optional[str]) -> 
     if backend is not None:
         if backend not in {b.value for b in Backend}:
             raise InputError(f"unknown backend {backend!r}; choose one of {', '.join(b.value for b in Backend)}")
-        cfg = cfg.replace(backend=Backend(backend))
-    _check_backend(cfg)
+        cfg = cfg.replace(backend=Backend(backend))  # QuantConfig checks what backend 'int8' can run
     return cfg
 
 
@@ -103,13 +102,3 @@ def _check_run_options(adapter, calib_max_length: Optional[int], num_recycles: O
     if num_recycles is not None and adapter.family != "hf-esmfold":
         raise InputError(f"num_recycles={num_recycles} only applies to ESMFold; this is a {adapter.family} model: "
                          "drop it")
-
-
-def _check_backend(cfg: QuantConfig) -> None:
-    if cfg.backend is not Backend.INT8:
-        return
-    for label, spec in (("weights", cfg.weights), ("activations", cfg.activations)):
-        if spec is not None and spec.bits > 8:
-            raise ValueError(f"backend 'int8' runs at most 8-bit codes but {label} are {spec.bits}-bit; use backend='fake'")
-    if cfg.weights is not None and cfg.weights.scheme.value != "uniform":
-        raise ValueError("backend 'int8' needs uniform weights (piecewise-linear weights run with backend='fake')")
