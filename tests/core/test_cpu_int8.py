@@ -14,7 +14,7 @@ from ptq_protein.nn.int_fast import encode_codes
 from ptq_protein.nn.modules import QuantLinear
 from ptq_protein.quant.codebook import PiecewiseCodebook, pwlq_quantize
 
-pytestmark = pytest.mark.skipif(not cpu_int8.available(), reason="no oneDNN int8 linear in this torch build")
+pytestmark = pytest.mark.skipif(not cpu_int8.available(), reason=cpu_int8.reason())
 
 SHAPES = [(1, 5, 3), (7, 24, 17), (33, 67, 40), (130, 129, 9)]  # (M, K, N): odd on purpose
 PRESETS = ["w8a8-uniform", "w8a8-dynamic", "w8a8-pwlq", "w4a8-pwlq"]
@@ -38,9 +38,50 @@ def test_accumulators_identical(m, k, n):
     assert acc.dtype == torch.int32 and torch.equal(acc, int_matmul(a, w))
 
 
+def _native_saturates() -> bool:
+    """oneDNN's single call on the extreme pair 127 x 127 against float64 (AVX2 without VNNI: int16 pair sums)."""
+    a, w = torch.full((2, 64), 127, dtype=torch.int8), torch.full((4, 64), 127, dtype=torch.int8)
+    packed = cpu_int8.prepack(w, torch.ones(4))
+    y = torch.ops.onednn.qlinear_pointwise(a, 1.0, 0, packed.weight, packed.w_scale, packed.w_zero, None, 1.0, 0,
+                                           torch.float32, "none", [], "")
+    return not torch.equal(y.double(), a.double() @ w.double().t())
+
+
+def test_probe_names_the_engine_and_why():
+    assert cpu_int8.mode() == ("split" if _native_saturates() else "native")
+    assert ("saturates at int16" in cpu_int8.reason()) == (cpu_int8.mode() == "split")
+
+
+@pytest.fixture(params=["auto", "split"])
+def engine_mode(request, monkeypatch):
+    """This CPU's own mode, and the split engine forced (so a VNNI CPU tests the AVX2 path too)."""
+    if request.param == "split":
+        monkeypatch.setattr(cpu_int8, "mode", lambda: "split")
+    return request.param
+
+
+EXTREMES = {"top": (127, 127), "bottom": (-128, -127), "mixed": (127, -127), "random": None}
+
+
+@pytest.mark.parametrize("m,k,n", SHAPES + [(4, 1920, 11)])
+@pytest.mark.parametrize("codes", list(EXTREMES))
+def test_split_accumulators_identical_on_extreme_codes(engine_mode, m, k, n, codes):
+    """The saturating pairs of AVX2 (255 x 127 twice) give the exact integers, on odd shapes."""
+    gen = torch.Generator().manual_seed(m + k)
+    if EXTREMES[codes] is None:
+        a, w = _codes(m, k, gen), _codes(n, k, gen, -127)
+    else:
+        a, w = torch.full((m, k), EXTREMES[codes][0], dtype=torch.int8), torch.full((n, k), EXTREMES[codes][1],
+                                                                                        dtype=torch.int8)
+    packed = cpu_int8.prepack(w, torch.ones(n))
+    assert torch.equal(cpu_int8.accumulators(a, packed), int_matmul(a, w))
+    y = cpu_int8.static_linear(a, cpu_int8.prepack(w, torch.full((n,), 0.5)), 0.25, 3, None)
+    assert torch.equal(y.double(), 0.125 * ((a.double() - 3) @ w.double().t()))  # exact: powers of two, < 2^24
+
+
 @pytest.mark.parametrize("m,k,n", SHAPES)
 @pytest.mark.parametrize("zero", [0, 17, -128])
-def test_static_epilogue_matches_reference(m, k, n, zero):
+def test_static_epilogue_matches_reference(engine_mode, m, k, n, zero):
     gen = torch.Generator().manual_seed(k)
     a, w = _codes(m, k, gen), _codes(n, k, gen, -127)
     w_scale, bias = torch.rand(n, generator=gen) + 0.01, torch.randn(n, generator=gen)
@@ -50,7 +91,7 @@ def test_static_epilogue_matches_reference(m, k, n, zero):
 
 
 @pytest.mark.parametrize("m,k,n", SHAPES)
-def test_per_token_epilogue_matches_reference(m, k, n):
+def test_per_token_epilogue_matches_reference(engine_mode, m, k, n):
     gen = torch.Generator().manual_seed(n)
     a, w = _codes(m, k, gen), _codes(n, k, gen, -127)
     scale, zero = torch.rand(m, generator=gen) + 1e-3, torch.randint(-128, 128, (m,), generator=gen)
@@ -89,7 +130,7 @@ def _pwlq_inputs(m, k, gen, tails):
 @pytest.mark.parametrize("m,k,n", SHAPES)
 @pytest.mark.parametrize("book", range(4))
 @pytest.mark.parametrize("tails", ["none", "columns", "rare", "everywhere"])
-def test_pwlq_matches_reference(m, k, n, book, tails):
+def test_pwlq_matches_reference(engine_mode, m, k, n, book, tails):
     cb = _books()[book]
     gen = torch.Generator().manual_seed(m + k + n)
     codes = pwlq_quantize(_pwlq_inputs(m, k, gen, tails), cb).to(torch.int8)
@@ -116,7 +157,7 @@ def test_pwlq_empty_batch():
     assert y.shape == (0, 9)
 
 
-def test_gemm_add_accumulates_in_place():
+def test_gemm_add_accumulates_in_place(engine_mode):
     gen = torch.Generator().manual_seed(5)
     a, w = _codes(33, 67, gen), _codes(40, 67, gen, -127)
     w_scale, out = torch.rand(40, generator=gen) + 0.01, torch.randn(33, 40, generator=gen)
@@ -151,7 +192,7 @@ def padded_tokens():
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-def test_sites_equal_reference_on_padded_batch(padded_tokens, preset):
+def test_sites_equal_reference_on_padded_batch(engine_mode, padded_tokens, preset):
     model, seqs, tokens = padded_tokens
     qmodel = set_engine(pp.quantize(model, preset, calibration=seqs, backend="int8"), "reference")
     inputs = _site_inputs(qmodel, tokens)
