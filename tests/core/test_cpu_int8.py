@@ -275,3 +275,45 @@ def test_fake_and_int8_sites_agree_on_padded_batch(padded_tokens, preset):
             y_fake = site(x)
             site.backend = Backend.INT8
         assert _rel(y_int, y_fake) <= 1e-5, name
+
+
+def _int8_forward_warnings(qmodel, tokens):
+    from ptq_protein.nn import int_exec
+
+    int_exec._warn_float.cache_clear()  # one line per cause and process: start this test's process afresh
+    with pytest.warns(int_exec.EngineFallbackWarning) as caught, torch.no_grad():
+        out = qmodel(tokens)["logits"]
+        qmodel(tokens)  # a second forward adds no line
+    return out, [str(w.message) for w in caught if issubclass(w.category, int_exec.EngineFallbackWarning)]
+
+
+def test_site_without_onednn_kernel_runs_float_and_says_why(padded_tokens):
+    """Dynamic PWLQ inputs: no oneDNN kernel, so the fake backend's product, one warning line."""
+    from ptq_protein.config import Backend
+
+    model, seqs, tokens = padded_tokens
+    qmodel = pp.quantize(model, "w8a8-pwlq-dynamic", backend="int8")
+    out, lines = _int8_forward_warnings(qmodel, tokens)
+    assert len(lines) == 1 and "runs the float path" in lines[0] and "static PWLQ inputs only" in lines[0]
+    assert "\n" not in lines[0] and engine_used(qmodel) == "float"
+    for m in qmodel.modules():
+        if isinstance(m, QuantLinear):
+            m.backend = Backend.FAKE
+    with torch.no_grad():
+        fake = qmodel(tokens)["logits"]
+    assert _rel(out, fake) <= 1e-5  # the fake product (BOS/EOS rows read from the codes: float rounding apart)
+
+
+def test_cpu_without_exact_int8_runs_float_and_says_why(padded_tokens, monkeypatch):
+    """No exact oneDNN GEMM (no oneDNN, or saturation the split cannot undo): float path, the probe's reason."""
+    model, seqs, tokens = padded_tokens
+    qmodel = pp.quantize(model, "w8a8-uniform", calibration=seqs, backend="int8")
+    monkeypatch.setattr(cpu_int8, "_probe", lambda: (None, "oneDNN's int8 GEMM is not exact on this CPU, even split"))
+    _, lines = _int8_forward_warnings(qmodel, tokens)
+    assert len(lines) == 1 and "not exact on this CPU, even split" in lines[0] and engine_used(qmodel) == "float"
+    with pytest.raises(ValueError, match="engine 'onednn' is not available here .*not exact on this CPU"):
+        set_engine(qmodel, "onednn")
+    set_engine(qmodel, "reference")
+    with torch.no_grad():
+        qmodel(tokens)
+    assert engine_used(qmodel) == "reference"  # asked for: the exact reference still runs
