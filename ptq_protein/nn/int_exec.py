@@ -112,9 +112,15 @@ def int_linear(module, x: torch.Tensor) -> torch.Tensor:
     if cpu:
         _warn_float(blocker)
         module.engine_ran = "float"
-        return module.fake_linear(x)
+        return _fake_product(module, x)
     module.engine_ran = Engine.REFERENCE.value
     return _reference_linear(module, x)
+
+
+def _fake_product(module, x: torch.Tensor) -> torch.Tensor:
+    """The fake backend's product (``QuantLinear.forward``): quantize-dequantize the input, float GEMM."""
+    bias = None if module.bias is None else module.bias.to(x.dtype)
+    return F.linear(module.input_quant(x), module.dequantized_weight(x.dtype), bias)
 
 
 @functools.lru_cache(maxsize=None)

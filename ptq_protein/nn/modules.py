@@ -347,15 +347,10 @@ class QuantLinear(nn.Module):
             from ptq_protein.nn.int_exec import float_rows_linear, int_linear
 
             return self._float_rows(x, int_linear(self, x), lambda rows: float_rows_linear(self, rows))
-        bias = None if self.bias is None else self.bias.to(x.dtype)
-        weight = self.dequantized_weight(x.dtype)
-        return self._float_rows(x, self.fake_linear(x), lambda rows: F.linear(rows, weight, bias))
-
-    def fake_linear(self, x: torch.Tensor) -> torch.Tensor:
-        """The fake backend's product: quantize-dequantize the input, float GEMM with the dequantized weight."""
         xq = x if self.input_quant is None else self.input_quant(x)
         bias = None if self.bias is None else self.bias.to(x.dtype)
-        return F.linear(xq, self.dequantized_weight(x.dtype), bias)
+        weight = self.dequantized_weight(x.dtype)
+        return self._float_rows(x, F.linear(xq, weight, bias), lambda rows: F.linear(rows, weight, bias))
 
     def _float_rows(self, x: torch.Tensor, y: torch.Tensor,
                     product: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
