@@ -17,20 +17,16 @@ No GEMM is written here.
 Every integer accumulator equals the exact reference's; the float epilogue
 (float32 inside oneDNN) agrees with the float64 reference to ~1e-7 relative.
 
-**AVX2 without VNNI.** oneDNN's s8 activations are shifted to u8 (``u = a + 128``)
-and multiplied by ``vpmaddubsw``, which sums each pair ``u1 w1 + u2 w2`` into a
-saturating int16: ``255 * 127 * 2`` becomes 32767, so the native call is wrong
-for large codes (CPUs with VNNI or AMX accumulate in int32 and are exact). A
-code ``a <= 1`` gives ``u <= 129`` and ``129 * 127 * 2 = 32766``: never
-saturated. So where the probe finds saturation (:func:`mode` ``"split"``),
-every GEMM runs as two exact ones, ``A = min(A, 1) - (min(A, 1) - A)``: the
-second operand lies in ``[-126, 0]``, and its GEMM is added by oneDNN's "sum"
-post-op (skipped when no code exceeds 1); the scales, zero point and bias then
-apply once to the integer sum (one extra pass over ``[M, N]``). The recipe is
-unchanged; the integer accumulators stay identical to the reference's. The
-zero point is not handed to oneDNN there: its zero-point kernel is exact but
-about 15x slower on this class of CPU (measured: 210 ms vs 14 ms at
-1024 x 480 x 1920).
+**AVX2 without VNNI.** oneDNN's u8 x s8 GEMM sums each pair of products into a
+saturating int16 there (``255 * 127 * 2`` becomes 32767; CPUs with VNNI or AMX
+accumulate in int32 and are exact). The probe (:func:`mode`) finds it once per
+process; then every GEMM runs on saturation-free operands
+(:mod:`ptq_protein.nn.cpu_int8_split`: one GEMM on a shifted window of codes,
+plus a column correction or a second GEMM for the codes outside it), with the
+recipe unchanged and the integer accumulators identical to the reference's.
+The zero point is not handed to oneDNN there: its zero-point kernel is exact
+but about 15x slower on this class of CPU (measured: 210 ms vs 14 ms at
+1024 x 480 x 1920, 1 thread).
 """
 
 from __future__ import annotations
@@ -40,6 +36,8 @@ import logging
 from typing import NamedTuple, Optional, Tuple
 
 import torch
+
+from ptq_protein.nn.cpu_int8_split import exact_accumulators, sum_post_op
 
 __all__ = ["ENGINE_NAME", "Packed", "available", "mode", "reason", "prepack", "unpack", "gemm", "gemm_add_", "accumulators", "static_linear",
            "per_token_linear"]
@@ -57,10 +55,6 @@ class Packed(NamedTuple):
     w_zero: torch.Tensor  # int64 zeros [N]: symmetric weights
     colsum: torch.Tensor  # sum_k W[n, k] (float32, exact below 2^24)
     in_features: int
-
-
-# A code at most this keeps oneDNN's shifted u8 operand <= 129: 2 * 129 * 127 = 32766 fits AVX2's int16 pair sums.
-_SAFE_CODE = 1
 
 
 def available() -> bool:
@@ -134,47 +128,20 @@ def gemm(a: torch.Tensor, packed: Packed, x_scale: float = 1.0, x_zero: int = 0,
 
 
 def _gemm(a, packed: Packed, x_scale: float, x_zero: int, bias, ws, split: bool) -> torch.Tensor:
-    acc = _split_accumulators(a, packed, whole=x_zero != 0) if split else None
-    if acc is None:  # one exact call (native, or no code above _SAFE_CODE)
+    acc = exact_accumulators(a, packed, int(x_zero)) if split else None
+    if acc is None:  # one exact call (native, or no code above SAFE_CODE and no zero point)
         return torch.ops.onednn.qlinear_pointwise(a, float(x_scale), int(x_zero), packed.weight, ws, packed.w_zero,
                                                   bias, 1.0, 0, torch.float32, "none", [], "")
-    if x_zero != 0:
-        acc.addcmul_(torch.full_like(acc[:, :1], -float(x_zero)), packed.colsum[None, :])
     scale = (float(x_scale) * ws.double()).to(torch.float32)[None, :]  # rounded once
     return acc.mul_(scale) if bias is None else torch.addcmul(bias.to(torch.float32)[None, :], acc, scale)
-
-
-def _split_accumulators(a: torch.Tensor, packed: Packed, whole: bool = False) -> Optional[torch.Tensor]:
-    """``a @ W^T`` as float32 ``[M, N]`` from two saturation-free GEMMs, ``min(a, 1)`` minus ``min(a, 1) - a``
-    (the second in ``[-126, 0]``, added by the "sum" post-op); when no code exceeds ``_SAFE_CODE``, one GEMM,
-    or None unless ``whole`` (a zero point must meet the integers before the scales: folded into the bias it
-    would cancel against the product in float32).
-
-    Both partial sums are integers below ``K * 128 * 127``: exact in float32 up to 2^24, as the native path's
-    float epilogue is; the scales are applied once, after the integer sum (no cancellation between halves).
-    """
-    low = a.clamp(max=_SAFE_CODE)
-    high = low - a
-    split = bool(high.any())
-    if not split and not whole:
-        return None
-    ones = torch.ones_like(packed.w_scale)
-    acc = torch.ops.onednn.qlinear_pointwise(low, 1.0, 0, packed.weight, ones, packed.w_zero, None, 1.0, 0,
-                                             torch.float32, "none", [], "")
-    return _sum_post_op(acc, high, packed, -1.0, ones) if split else acc
-
-
-def _sum_post_op(out: torch.Tensor, a: torch.Tensor, packed: Packed, scale: float, ws: torch.Tensor) -> torch.Tensor:
-    return torch.ops.onednn.qlinear_pointwise.binary(a, float(scale), 0, packed.weight, ws, packed.w_zero, out, None,
-                                                     1.0, 0, torch.float32, 1.0, 0, "sum", 1.0, "none", [], "")
 
 
 def gemm_add_(out: torch.Tensor, a: torch.Tensor, packed: Packed, x_scale: float) -> torch.Tensor:
     """``out += x_scale * w_scale[n] * (a @ W^T)`` in oneDNN's epilogue (its "sum" post-op: no temporary, no
     extra pass); ``x_scale`` may be negative. ``out`` float32 ``[M, N]``, contiguous."""
-    acc = _split_accumulators(a, packed) if mode() == "split" else None
+    acc = exact_accumulators(a, packed) if mode() == "split" else None
     if acc is None:
-        return _sum_post_op(out, a, packed, x_scale, packed.w_scale)
+        return sum_post_op(out, a, packed, x_scale, packed.w_scale)
     return out.addcmul_(acc, (float(x_scale) * packed.w_scale.double()).to(torch.float32)[None, :])
 
 
