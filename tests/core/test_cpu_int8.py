@@ -204,14 +204,14 @@ def test_sites_equal_reference_on_padded_batch(engine_mode, padded_tokens, prese
         with torch.no_grad():
             site.engine = pp.Engine.REFERENCE
             ref = site(x)
-            site.engine = pp.Engine.AUTO
+            site.engine = pp.Engine.ONEDNN  # auto may take the float path (PWLQ where oneDNN is split)
             fast = site(x)
         assert site.engine_ran == "onednn" and _rel(fast, ref) <= 1e-6, name
 
 
 def test_fast_module_holds_one_int8_copy_and_saves_codes(padded_tokens, tmp_path):
     model, seqs, tokens = padded_tokens
-    qmodel = pp.quantize(model, "w8a8-pwlq", calibration=seqs, backend="int8")
+    qmodel = set_engine(pp.quantize(model, "w8a8-pwlq", calibration=seqs, backend="int8"), "onednn")
     codes = {n: m.weight_codes.clone() for n, m in qmodel.named_modules() if isinstance(m, QuantLinear)}
     with torch.no_grad():
         out = qmodel(tokens)["logits"]
@@ -223,7 +223,7 @@ def test_fast_module_holds_one_int8_copy_and_saves_codes(padded_tokens, tmp_path
     with torch.no_grad():
         assert torch.equal(copy.deepcopy(qmodel)(tokens)["logits"], out)
     pp.save(qmodel, tmp_path / "art")
-    loaded = pp.load(tmp_path / "art")
+    loaded = set_engine(pp.load(tmp_path / "art"), "onednn")
     with torch.no_grad():
         assert torch.equal(loaded(tokens)["logits"], out)
     assert engine_used(loaded) == "onednn"
@@ -265,7 +265,7 @@ def test_fake_and_int8_sites_agree_on_padded_batch(padded_tokens, preset):
     from ptq_protein.config import Backend
 
     model, seqs, tokens = padded_tokens
-    real = pp.quantize(model, preset, calibration=seqs, backend="int8")
+    real = set_engine(pp.quantize(model, preset, calibration=seqs, backend="int8"), "onednn")
     inputs = _site_inputs(real, tokens)
     for name, x in inputs.items():
         site = real.get_submodule(name)
@@ -317,3 +317,20 @@ def test_cpu_without_exact_int8_runs_float_and_says_why(padded_tokens, monkeypat
     with torch.no_grad():
         qmodel(tokens)
     assert engine_used(qmodel) == "reference"  # asked for: the exact reference still runs
+
+
+def test_split_cpu_runs_pwlq_as_float_and_uniform_on_onednn(padded_tokens, monkeypatch):
+    """Where oneDNN must split every GEMM, PWLQ's exact engine is slower than fake: float path and one line;
+    uniform sites stay on the exact oneDNN engine, with no warning."""
+    import warnings
+
+    model, seqs, tokens = padded_tokens
+    monkeypatch.setattr(cpu_int8, "mode", lambda: "split")
+    pwlq = pp.quantize(model, "w8a8-pwlq", calibration=seqs, backend="int8")
+    _, lines = _int8_forward_warnings(pwlq, tokens)
+    assert len(lines) == 1 and "PWLQ's exact int8 GEMMs" in lines[0] and engine_used(pwlq) == "float"
+    uniform = pp.quantize(model, "w8a8-uniform", calibration=seqs, backend="int8")
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("error")
+        uniform(tokens)
+    assert engine_used(uniform) == "onednn"
