@@ -51,7 +51,9 @@ def exact_accumulators(a: torch.Tensor, packed, x_zero: int = 0, whole: bool = F
         acc = _window(a, packed, _busiest_window(a), x_zero, dense_tails=False)
         if acc is not None:
             return acc
-    return _window(a, packed, hi - SAFE_CODE, x_zero, dense_tails=True)
+    # the window under the largest code; when it holds every code (hi - lo < 130) any shift in
+    # [hi - SAFE_CODE, lo + 128] does, so one in [0, 126] (int8 operands)
+    return _window(a, packed, max(hi - SAFE_CODE, 0), x_zero, dense_tails=True)
 
 
 def _busiest_window(a: torch.Tensor) -> int:
@@ -65,21 +67,26 @@ def _busiest_window(a: torch.Tensor) -> int:
 def _window(a: torch.Tensor, packed, shift: int, x_zero: int, dense_tails: bool) -> Optional[torch.Tensor]:
     """``a - shift`` clipped to ``[-128, SAFE_CODE]`` in one GEMM, the rest (``tails``) in few columns by BLAS,
     else (``dense_tails``) by a second int8 GEMM: with ``shift = max(a) - SAFE_CODE`` only codes below the window
-    remain, as tails in ``[-126, -1]``: safe operands themselves. None when the tails are dense and not allowed."""
-    moved = a.to(torch.int16) - shift
-    low = moved.clamp(-128, SAFE_CODE)
-    tails = moved.sub_(low)
-    cols = tails.ne(0).any(dim=0).nonzero().flatten()
+    remain, as tails in ``[-126, -1]``: safe operands themselves. None when the tails are dense and not allowed.
+
+    ``0 <= shift <= 126``: the operands are formed in int8 (clamp, then a subtraction whose true result fits,
+    so its wrap-around arithmetic is exact), two passes instead of six through int16.
+    """
+    bottom, top = shift - 128, shift + SAFE_CODE
+    cols = ((a.amin(dim=0) < bottom) | (a.amax(dim=0) > top)).nonzero().flatten()
     sparse = cols.numel() <= _SPARSE_COLS * a.shape[1]
     if not sparse and not dense_tails:
         return None
-    acc = _unit_gemm(low.to(torch.int8), packed, shift - x_zero)
+    low = a.clamp(max(bottom, -128), min(top, 127)).sub_(shift)
+    acc = _unit_gemm(low, packed, shift - x_zero)
     if cols.numel() == 0:
         return acc
-    if not sparse:
-        return sum_post_op(acc, tails.to(torch.int8), packed, 1.0, torch.ones_like(packed.w_scale))
+    if not sparse:  # top == max(a): the tails lie below the window
+        return sum_post_op(acc, a.clamp(max=bottom).sub_(bottom), packed, 1.0, torch.ones_like(packed.w_scale))
+    moved = a.index_select(1, cols).to(torch.int16) - shift
+    tails = moved - moved.clamp(-128, SAFE_CODE)
     weight = packed.weight.to_dense().index_select(0, cols).to(torch.float32)  # [C, N] codes
-    return acc.addmm_(tails.index_select(1, cols).to(torch.float32), weight)
+    return acc.addmm_(tails.to(torch.float32), weight)
 
 
 def _unit_gemm(a: torch.Tensor, packed, colsum_times: int) -> torch.Tensor:
