@@ -209,6 +209,20 @@ def test_sites_equal_reference_on_padded_batch(engine_mode, padded_tokens, prese
         assert site.engine_ran == "onednn" and _rel(fast, ref) <= 1e-6, name
 
 
+@pytest.mark.parametrize("preset", ["w8a8-uniform", "w8a8-dynamic"])
+def test_site_accumulators_identical_on_padded_batch(engine_mode, padded_tokens, preset):
+    """Every site's int32 accumulators on a padded batch's real codes equal the exact integer product."""
+    from ptq_protein.nn.int_fast import prepack_module
+
+    model, seqs, tokens = padded_tokens
+    qmodel = pp.quantize(model, preset, calibration=seqs, backend="int8")
+    for name, x in _site_inputs(qmodel, tokens).items():
+        site = qmodel.get_submodule(name)
+        codes = encode_codes(site.input_quant, x.reshape(-1, x.shape[-1]))[0]
+        w = site.plain_weight_codes().to(torch.int8)
+        assert torch.equal(cpu_int8.accumulators(codes, prepack_module(site)), int_matmul(codes, w)), name
+
+
 def test_fast_module_holds_one_int8_copy_and_saves_codes(padded_tokens, tmp_path):
     model, seqs, tokens = padded_tokens
     qmodel = set_engine(pp.quantize(model, "w8a8-pwlq", calibration=seqs, backend="int8"), "onednn")
