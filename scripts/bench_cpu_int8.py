@@ -10,9 +10,9 @@ each row's time over FP32 eager and its logits' relative error against FP32:
 * anchors, each skipped with a note when its package is missing
   (``bench_cpu_anchors.py``): ``quantize_dynamic``, ONNX Runtime dynamic U8S8
   with reduce_range (the ``[onnx]`` extra);
-* ours: ``w8a8-uniform`` and ``w8a8-pwlq`` on ``backend="fake"`` and ``"int8"``
-  (engine ``auto``), PWLQ also on the exact oneDNN engine; the reference engine
-  on request (``--reference``, slow);
+* ours: ``w8a8-uniform``, ``w8a8-pwlq`` and the integer-friendly ``w8a8-pwlq-int``
+  on ``backend="fake"`` and ``"int8"`` (engine ``auto``), PWLQ also on the exact
+  oneDNN engine; the reference engine on request (``--reference``, slow);
 * the issue's goals judged on this run; how rare PWLQ codes outside the base
   region are; resident memory of a loaded ``w8a8-pwlq`` artifact of an ESM-2
   150M-sized model against FP (fresh subprocesses; ``--no-memory`` skips it).
@@ -47,7 +47,7 @@ from bench_quantize import (  # noqa: E402  (sibling script: shared model, seque
 )
 
 GOAL_MEMORY = 0.4
-INT_PRESETS = ("w8a8-uniform", "w8a8-pwlq")
+INT_PRESETS = ("w8a8-uniform", "w8a8-pwlq", "w8a8-pwlq-int")
 MEMORY_SHAPE = ModelShape(num_layers=30, embed_dim=640, heads=20, seq_len=64)  # ESM-2 150M
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
 
@@ -96,7 +96,6 @@ def build_models(model, seqs: Sequence[str], presets: Sequence[str], reference: 
             models[f"{preset}, int8, engine onednn (exact)"] = pp.set_engine(copy.deepcopy(fast), "onednn")
         if preset in reference:
             models[f"{preset}, int8 reference"] = pp.set_engine(copy.deepcopy(fast), "reference")
-    notes["integer-friendly PWLQ, fake / int8"] = "recipe not built yet"
     return models, notes
 
 
