@@ -83,7 +83,7 @@ def _probe() -> Tuple[Optional[str], str]:
             return "native", f"oneDNN int8 GEMM exact on this CPU ({torch.backends.cpu.get_cpu_capability()})"
         if all(_exact(a, w, split=True) for a, w in cases):
             return "split", ("oneDNN's u8 x s8 int8 GEMM saturates at int16 on this CPU (no VNNI: 255 x 127 pairs); "
-                             "each GEMM runs as two saturation-free ones")
+                             "each GEMM runs on saturation-free operands (the same integers)")
         return None, "oneDNN's int8 GEMM is not exact on this CPU, even split"
     except (RuntimeError, AttributeError, NotImplementedError) as err:  # op missing or no CPU kernel
         log.info("oneDNN int8 linear unavailable (%s): backend='int8' cannot use it on CPU", err)
