@@ -85,6 +85,7 @@ class BreakpointMethod(str, enum.Enum):
     GAUSSIAN_FIT = "gaussian_fit"  # the paper's closed-form fit
     LAPLACIAN_FIT = "laplacian_fit"
     MSE = "mse"  # distribution-free search on the calibration histogram
+    MSE_SHARED_STEP = "mse_shared_step"  # MSE, then both centre pieces on one step (one integer GEMM for the centre)
 
 
 class SiteKind(str, enum.Enum):

@@ -48,3 +48,12 @@ def _torch_reference_in_model_tests(request, monkeypatch):
     from ptq_protein.kernels import dispatch
 
     monkeypatch.setattr(dispatch, "interpreting", lambda: False)
+
+
+@pytest.fixture
+def int_engine() -> str:
+    """An integer engine for tests comparing backend="int8" with fake: under ``auto`` a CPU may take the float
+    path where its exact engine is slower than fake (PWLQ on AVX2 without VNNI)."""
+    from ptq_protein.nn import cpu_int8
+
+    return "onednn" if cpu_int8.available() else "reference"

@@ -80,3 +80,16 @@ def test_bench_special_tokens_prints_every_mode(capsys):
     assert sorted(rows) == ["clip", "float", "include"]
     assert float(rows["float"][3]) == 0.0 < float(rows["clip"][3])  # BOS/EOS rows bypass the quantizer
     assert all(float(rows[m][5]) > 0 for m in rows)  # residue rows are quantized in every mode
+
+
+def test_bench_cpu_int8_quick_prints_the_issue_table(capsys):
+    """One row per model with a time ratio and a logits error, skipped anchors with their note, the goals."""
+    bench = _load("bench_cpu_int8")
+    assert bench.main(["--quick", "--reps", "1", "--no-memory", "--no-anchors", "--calib-seqs", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "oneDNN int8 exactness probe: mode " in out and "get_cpu_capability()" in out
+    rows = {r[0]: r for r in _table_rows(out, "") if len(r) == 6 and r[0] != "model"}
+    for name in ("FP32 eager", "FP model in bf16", *(f"{p}, {b}" for p in bench.INT_PRESETS for b in ("fake", "int8"))):
+        assert re.fullmatch(r"\d+\.\d\dx", rows[name][3]) and re.fullmatch(r"\d+\.\d\d%", rows[name][5]), name
+    assert rows["FP32 eager"][5] == "0.00%"
+    assert "uniform int8" in out and "no slower than fake" in out

@@ -10,7 +10,10 @@ integers, on one of these engines (:class:`Engine`):
 * ``reference``: the exact torch integer reference (``ptq_protein.kernels``);
   on CUDA tensors (or under ``TRITON_INTERPRET=1``) its wrappers run the Triton kernels.
 * ``auto`` (default): ``onednn`` for CPU tensors where it runs and the site is
-  one it handles, else ``reference``.
+  one it handles; on other CPU sites the ``float`` path (the fake backend's
+  product: the torch integer reference is 2 to 15 times slower than fake, and
+  ``backend="int8"`` is never slower than ``"fake"``), announced by one warning
+  line naming the engine and why; ``reference`` elsewhere (CUDA: Triton).
 
 :func:`engine_used` tells which engine a model's last forward ran.
 
@@ -20,6 +23,8 @@ are then recomputed in float by ``QuantLinear._float_rows`` from the int8 codes 
 
 from __future__ import annotations
 
+import functools
+import warnings
 from typing import Optional
 
 import torch
@@ -28,7 +33,7 @@ from torch.nn import functional as F
 
 from ptq_protein.config import Engine
 
-__all__ = ["Engine", "int_linear", "float_rows_linear", "first_accumulators", "set_engine", "engine_used", "weight_codes"]
+__all__ = ["Engine", "EngineFallbackWarning", "int_linear", "float_rows_linear", "first_accumulators", "set_engine", "engine_used", "weight_codes"]
 
 
 def parse_engine(engine) -> Engine:
@@ -42,8 +47,9 @@ def set_engine(model: nn.Module, engine) -> nn.Module:
     """Choose the integer engine of every QuantLinear in ``model`` (in place; returns ``model``)."""
     choice = parse_engine(engine)
     if choice is Engine.ONEDNN and not _onednn_available():
-        raise ValueError("engine 'onednn' is not available in this PyTorch build (no oneDNN int8 linear); "
-                         "use engine='auto' or 'reference'")
+        from ptq_protein.nn.cpu_int8 import reason
+
+        raise ValueError(f"engine 'onednn' is not available here ({reason()}); use engine='auto' or 'reference'")
     for m in model.modules():
         if hasattr(m, "engine_ran"):  # a QuantLinear (not imported: modules imports this file)
             m.engine = choice
@@ -51,7 +57,7 @@ def set_engine(model: nn.Module, engine) -> nn.Module:
 
 
 def engine_used(model: nn.Module) -> Optional[str]:
-    """The engine(s) the last forward ran on integer sites ("onednn", "reference", "onednn+reference"), or None."""
+    """The engine(s) the last forward ran on integer sites ("onednn", "reference", "float", joined by "+"), or None."""
     used = sorted({m.engine_ran for m in model.modules() if getattr(m, "engine_ran", None)})
     return "+".join(used) or None
 
@@ -67,32 +73,75 @@ def weight_codes(module) -> torch.Tensor:
     return module.plain_weight_codes()
 
 
-def _fast_ok(module, x: torch.Tensor) -> bool:
-    """The site is one the oneDNN path handles: CPU, symmetric weights, scalar static scale or per-token."""
-    if module.engine is Engine.REFERENCE or x.device.type != "cpu" or module.weight_codebook is not None:
-        return False
-    if not _onednn_available() or not module.symmetric_weight_codes():
-        return False
+class EngineFallbackWarning(UserWarning):
+    """``backend="int8"`` runs a CPU site on the float path instead of an exact integer engine."""
+
+
+# Measured on the 12 x 480 bench model (AMD EPYC, AVX2, 1 thread): w8a8-pwlq 2.6x FP32 on split oneDNN, fake 1.2x.
+_SPLIT_PWLQ = ("PWLQ's exact int8 GEMMs (two or more per site, each split against this CPU's int16 saturation) "
+               "are slower than backend='fake' here")
+
+
+def _onednn_mode() -> Optional[str]:
+    from ptq_protein.nn.cpu_int8 import mode
+
+    return mode()
+
+
+def _fast_blocker(module, x: torch.Tensor) -> Optional[str]:
+    """Why the oneDNN path cannot run this CPU site (None when it can: symmetric weights, scalar static scale,
+    per-token or static PWLQ input)."""
+    from ptq_protein.nn.cpu_int8 import reason
+
+    if not _onednn_available():
+        return reason()
+    if module.weight_codebook is not None or not module.symmetric_weight_codes():
+        return "the oneDNN engine takes symmetric uniform weight codes only"
     quant = module.input_quant
     if quant.spec.scheme.value == "pwlq":
-        return quant.is_static
+        if not quant.is_static:
+            return "the oneDNN engine takes static PWLQ inputs only"
+        return _SPLIT_PWLQ if module.engine is Engine.AUTO and _onednn_mode() == "split" else None
     if quant.is_static:
-        return quant.scale.numel() == 1
-    return quant.spec.granularity.value == "per_token"
+        return None if quant.scale.numel() == 1 else "the oneDNN engine takes one static activation scale only"
+    return None if quant.spec.granularity.value == "per_token" else "the oneDNN engine takes per-token dynamic inputs"
 
 
 def int_linear(module, x: torch.Tensor) -> torch.Tensor:
     """y = x W^T + b with integer codes on both sides; x [..., K] -> [..., N] in x's dtype."""
-    if _fast_ok(module, x):
+    if module.engine is Engine.REFERENCE:
+        module.engine_ran = Engine.REFERENCE.value
+        return _reference_linear(module, x)
+    cpu = x.device.type == "cpu"
+    blocker = _fast_blocker(module, x) if cpu else "oneDNN runs CPU tensors only"
+    if blocker is None:
         from ptq_protein.nn.int_fast import fast_linear
 
         module.engine_ran = Engine.ONEDNN.value
         return fast_linear(module, x)
     if module.engine is Engine.ONEDNN:
         raise ValueError(f"engine 'onednn' cannot run this site ({module.input_quant.spec.describe()} on "
-                         f"{x.device}); use engine='auto' to fall back to the reference")
+                         f"{x.device}): {blocker}; use engine='auto' or 'reference'")
+    if cpu:
+        _warn_float(blocker)
+        module.engine_ran = "float"
+        return _fake_product(module, x)
     module.engine_ran = Engine.REFERENCE.value
     return _reference_linear(module, x)
+
+
+def _fake_product(module, x: torch.Tensor) -> torch.Tensor:
+    """The fake backend's product (``QuantLinear.forward``): quantize-dequantize the input, float GEMM."""
+    bias = None if module.bias is None else module.bias.to(x.dtype)
+    return F.linear(module.input_quant(x), module.dequantized_weight(x.dtype), bias)
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_float(why: str) -> None:
+    """One line per cause and process."""
+    warnings.warn(f"backend='int8' runs the float path (the fake backend's product, not integer GEMMs) on CPU: "
+                  f"{why}, and the exact integer reference is slower than backend='fake'; "
+                  f"set_engine(model, 'onednn' or 'reference') forces an integer engine", EngineFallbackWarning, stacklevel=4)
 
 
 def float_rows_linear(module, rows: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ from ptq_protein.quant.histogram import HistogramObserver
 from ptq_protein.quant.ranges import mse_uniform_range
 from ptq_protein.quant.codebook import PiecewiseCodebook, pwlq_quantize
 from ptq_protein.quant.fp8 import fp8_quantize, fp8_scale
-from ptq_protein.quant.pwlq import asymmetric_pwlq, symmetric_pwlq
+from ptq_protein.quant.pwlq import asymmetric_pwlq, shared_centre_step, symmetric_pwlq
 from ptq_protein.quant.uniform import choose_qparams, per_channel_minmax, quantize
 
 __all__ = ["needs_calibration", "quantize_weight", "pwlq_codebook_for_values", "pwlq_from_range",
@@ -108,12 +108,19 @@ def pwlq_from_range(lo: float, hi: float, std: float, spec: TensorQuant, histogr
         m_neg = m_pos = m
     floor = _MIN_SIDE_FRACTION * m
     m_neg, m_pos = max(m_neg, floor), max(m_pos, floor)
-    if spec.breakpoint_method is BreakpointMethod.MSE and histogram is not None:
+    searched = (BreakpointMethod.MSE, BreakpointMethod.MSE_SHARED_STEP)
+    if spec.breakpoint_method in searched and histogram is not None:
         # Distribution-free: the range is the histogram's own (observed min/max); the
         # search places the breakpoints and the code split so the tails carry the outliers.
         counts, edges = _coarsen(*histogram.support(), _SEARCH_BINS)
-        return search_pwlq(counts, edges, spec.bits, n_breakpoints=spec.breakpoints, symmetric=spec.symmetric,
-                           grid=_SEARCH_GRID, sweeps=_SEARCH_SWEEPS).codebook
+        found = search_pwlq(counts, edges, spec.bits, n_breakpoints=spec.breakpoints, symmetric=spec.symmetric,
+                            grid=_SEARCH_GRID, sweeps=_SEARCH_SWEEPS)
+        if spec.breakpoint_method is BreakpointMethod.MSE or spec.symmetric:  # symmetric: one centre step already
+            return found.codebook
+        cb = found.codebook  # its end levels: the search's (floored) range
+        m_neg, m_pos = -(cb.offset[0] + cb.scale[0] * cb.code_lo[0]), cb.offset[-1] + cb.scale[-1] * cb.code_hi[-1]
+        return shared_centre_step(found.neg_breaks, found.pos_breaks, m_neg, m_pos, spec.bits, found.codes_per_piece,
+                                  found.zero_code)
     solver, dist = _SOLVERS.get(spec.breakpoint_method, _SOLVERS[BreakpointMethod.GAUSSIAN])
     sigma = max(std, 1e-12)
 

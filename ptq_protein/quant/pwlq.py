@@ -41,6 +41,7 @@ __all__ = [
     "pwlq_from_breakpoints",
     "default_piece_codes",
     "side_affine",
+    "shared_centre_step",
 ]
 
 MAX_BREAKPOINTS = 3  # per side; a codebook then has at most 8 regions (kernel limit)
@@ -144,6 +145,26 @@ def pwlq_from_breakpoints(
     pieces = _side_pieces(neg_k, neg_c, zero_code, negative=True)[::-1]
     pieces += _side_pieces(pos_k, pos_c, zero_code, negative=False)
     return _codebook_from_pieces(_merge_centre(pieces, zero_code), bits)
+
+
+def shared_centre_step(neg_breaks: Sequence[float], pos_breaks: Sequence[float], m_neg: float, m_pos: float,
+                       bits: int, codes_per_piece: tuple[Sequence[int], Sequence[int]], zero_code: int) -> PiecewiseCodebook:
+    """An asymmetric codebook whose two centre pieces share one step, so they merge into one region.
+
+    The integer-friendly PWLQ: codes in the centre then decode as one uniform grid with an integer zero point
+    (one dense integer GEMM; only the tails need a correction). The step is the pooled one,
+    ``(p_neg + p_pos) / (n_neg + n_pos)``, rounded to float32 so that both pieces decode identically; the
+    centre breakpoints move to ``step * n`` (the code counts stay). Where that would pass a side's next knot,
+    the smaller of the two steps is taken (both breakpoints move inwards).
+    """
+    n_neg, n_pos = codes_per_piece[0][0], codes_per_piece[1][0]
+    outer_neg = neg_breaks[1] if len(neg_breaks) > 1 else m_neg
+    outer_pos = pos_breaks[1] if len(pos_breaks) > 1 else m_pos
+    step = round_f32([(neg_breaks[0] + pos_breaks[0]) / (n_neg + n_pos)])[0]
+    if step * n_neg >= outer_neg or step * n_pos >= outer_pos:
+        step = round_f32([min(neg_breaks[0] / n_neg, pos_breaks[0] / n_pos)])[0]
+    return pwlq_from_breakpoints((step * n_neg, *neg_breaks[1:]), (step * n_pos, *pos_breaks[1:]), m_neg, m_pos,
+                                 bits, codes_per_piece, extra_negative_code=True, zero_code=zero_code)
 
 
 def default_piece_codes(n_codes: int, n_pieces: int) -> tuple[int, ...]:

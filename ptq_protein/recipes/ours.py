@@ -37,13 +37,15 @@ def _uniform_acts(bits: int) -> TensorQuant:
     return TensorQuant(bits=bits, scheme=Scheme.UNIFORM, symmetric=True, range_method=RangeMethod.TOPK)
 
 
-def pwlq_acts(bits: int) -> TensorQuant:
+def pwlq_acts(bits: int, shared_centre: bool = False) -> TensorQuant:
     # Asymmetric PWLQ: negative and positive sides get their own range and breakpoint,
     # which is what the one-sided pre-LayerNorm outliers need. Breakpoints (and the
     # centre/tail code split) come from an MSE search on the calibration histogram over
     # the observed range: the tail pieces carry the outliers, so nothing is clipped.
+    # shared_centre: both centre pieces on one step (the integer-friendly PWLQ: one dense integer GEMM).
+    method = BreakpointMethod.MSE_SHARED_STEP if shared_centre else BreakpointMethod.MSE
     return TensorQuant(bits=bits, scheme=Scheme.PWLQ, symmetric=False, range_method=RangeMethod.MINMAX,
-                       breakpoint_method=BreakpointMethod.MSE)
+                       breakpoint_method=method)
 
 
 _LINEAR_LN = (SiteKind.LINEAR, SiteKind.LAYERNORM)
@@ -58,6 +60,8 @@ PRESETS: Dict[str, QuantConfig] = {
     "w4-only": QuantConfig(weights=per_channel_weights(4), activations=None, kinds=(SiteKind.LINEAR,), name="w4-only"),
     "w4a8-pwlq": QuantConfig(weights=per_channel_weights(4), activations=pwlq_acts(8), kinds=_LINEAR_LN, name="w4a8-pwlq"),
     "w6a6-pwlq": QuantConfig(weights=per_channel_weights(6), activations=pwlq_acts(6), kinds=_LINEAR_LN, name="w6a6-pwlq"),
+    "w8a8-pwlq-int": QuantConfig(weights=per_channel_weights(8), activations=pwlq_acts(8, shared_centre=True),
+                                 kinds=_LINEAR_LN, name="w8a8-pwlq-int"),
     "w8a8-pwlq-all": QuantConfig(weights=per_channel_weights(8), activations=pwlq_acts(8),
                                  kinds=_LINEAR_LN + (SiteKind.MATMUL,), name="w8a8-pwlq-all"),
     "w8a8-uniform-per-channel": QuantConfig(
@@ -78,6 +82,8 @@ DOCS: Dict[str, str] = {
                     "values) on Linear and LayerNorm inputs; ours, not the study's (that is study-a8-uniform)",
     "w8a8-pwlq": "W8 per-channel + static asymmetric PWLQ A8 (8 bits/value, range and breakpoints calibrated on "
                  "residue values) on Linear and LayerNorm inputs; ours, not the study's pwlq-3 (study-w8a8-pwlq)",
+    "w8a8-pwlq-int": "w8a8-pwlq with both centre pieces on one step (integer-friendly: the centre is one integer "
+                     "GEMM with an integer zero point, only the tails need a correction)",
     "a8-uniform": "uniform A8 only (as in w8a8-uniform), weights in floating point; the study's row is study-a8-uniform",
     "a8-pwlq": "piecewise-linear A8 only, weights in floating point",
     "w8-only": "W8 per-channel weights only, activations in floating point",

@@ -30,7 +30,7 @@ def test_per_channel_static_refuses_int8(esm2, seqs):
 
 def test_dynamic_pwlq_needs_no_calibration_and_runs_int8(esm2, seqs):
     fake = pp.quantize(esm2, "w8a8-pwlq-dynamic")
-    real = pp.quantize(esm2, "w8a8-pwlq-dynamic", backend="int8")
+    real = pp.set_engine(pp.quantize(esm2, "w8a8-pwlq-dynamic", backend="int8"), "reference")  # integer GEMMs
     assert fake.ptq_state.calibration is None
     x = torch.randn(20, fake.layers[0].fc1.in_features, generator=torch.Generator().manual_seed(0)) * 3
     with torch.no_grad():  # one site: the same codebook from the same tensor, integer GEMM vs float

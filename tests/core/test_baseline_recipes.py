@@ -81,9 +81,9 @@ def test_artifact_reload_is_bit_identical(saved, seqs, name):
 
 
 @pytest.mark.parametrize("name", INTEGER)
-def test_int8_backend_matches_fake(saved, seqs, name):
+def test_int8_backend_matches_fake(saved, seqs, name, int_engine):
     fake, path = saved[name]
-    real = pp.load(path, backend="int8")
+    real = pp.load(path, backend="int8", engine=int_engine)
     for (n, a), (_, b) in zip(fake.named_modules(), real.named_modules()):
         if isinstance(a, QuantLinear) and a.weight_spec is not None:  # same GPTQ / smoothed codes in both
             assert torch.equal(a.weight_codes, b.weight_codes) and torch.equal(a.weight_scale, b.weight_scale), n

@@ -14,7 +14,7 @@ from ptq_protein.nn.int_fast import encode_codes
 from ptq_protein.nn.modules import QuantLinear
 from ptq_protein.quant.codebook import PiecewiseCodebook, pwlq_quantize
 
-pytestmark = pytest.mark.skipif(not cpu_int8.available(), reason="no oneDNN int8 linear in this torch build")
+pytestmark = pytest.mark.skipif(not cpu_int8.available(), reason=cpu_int8.reason())
 
 SHAPES = [(1, 5, 3), (7, 24, 17), (33, 67, 40), (130, 129, 9)]  # (M, K, N): odd on purpose
 PRESETS = ["w8a8-uniform", "w8a8-dynamic", "w8a8-pwlq", "w4a8-pwlq"]
@@ -38,9 +38,50 @@ def test_accumulators_identical(m, k, n):
     assert acc.dtype == torch.int32 and torch.equal(acc, int_matmul(a, w))
 
 
+def _native_saturates() -> bool:
+    """oneDNN's single call on the extreme pair 127 x 127 against float64 (AVX2 without VNNI: int16 pair sums)."""
+    a, w = torch.full((2, 64), 127, dtype=torch.int8), torch.full((4, 64), 127, dtype=torch.int8)
+    packed = cpu_int8.prepack(w, torch.ones(4))
+    y = torch.ops.onednn.qlinear_pointwise(a, 1.0, 0, packed.weight, packed.w_scale, packed.w_zero, None, 1.0, 0,
+                                           torch.float32, "none", [], "")
+    return not torch.equal(y.double(), a.double() @ w.double().t())
+
+
+def test_probe_names_the_engine_and_why():
+    assert cpu_int8.mode() == ("split" if _native_saturates() else "native")
+    assert ("saturates at int16" in cpu_int8.reason()) == (cpu_int8.mode() == "split")
+
+
+@pytest.fixture(params=["auto", "split"])
+def engine_mode(request, monkeypatch):
+    """This CPU's own mode, and the split engine forced (so a VNNI CPU tests the AVX2 path too)."""
+    if request.param == "split":
+        monkeypatch.setattr(cpu_int8, "mode", lambda: "split")
+    return request.param
+
+
+EXTREMES = {"top": (127, 127), "bottom": (-128, -127), "mixed": (127, -127), "random": None}
+
+
+@pytest.mark.parametrize("m,k,n", SHAPES + [(4, 1920, 11)])
+@pytest.mark.parametrize("codes", list(EXTREMES))
+def test_split_accumulators_identical_on_extreme_codes(engine_mode, m, k, n, codes):
+    """The saturating pairs of AVX2 (255 x 127 twice) give the exact integers, on odd shapes."""
+    gen = torch.Generator().manual_seed(m + k)
+    if EXTREMES[codes] is None:
+        a, w = _codes(m, k, gen), _codes(n, k, gen, -127)
+    else:
+        a, w = torch.full((m, k), EXTREMES[codes][0], dtype=torch.int8), torch.full((n, k), EXTREMES[codes][1],
+                                                                                        dtype=torch.int8)
+    packed = cpu_int8.prepack(w, torch.ones(n))
+    assert torch.equal(cpu_int8.accumulators(a, packed), int_matmul(a, w))
+    y = cpu_int8.static_linear(a, cpu_int8.prepack(w, torch.full((n,), 0.5)), 0.25, 3, None)
+    assert torch.equal(y.double(), 0.125 * ((a.double() - 3) @ w.double().t()))  # exact: powers of two, < 2^24
+
+
 @pytest.mark.parametrize("m,k,n", SHAPES)
 @pytest.mark.parametrize("zero", [0, 17, -128])
-def test_static_epilogue_matches_reference(m, k, n, zero):
+def test_static_epilogue_matches_reference(engine_mode, m, k, n, zero):
     gen = torch.Generator().manual_seed(k)
     a, w = _codes(m, k, gen), _codes(n, k, gen, -127)
     w_scale, bias = torch.rand(n, generator=gen) + 0.01, torch.randn(n, generator=gen)
@@ -50,7 +91,7 @@ def test_static_epilogue_matches_reference(m, k, n, zero):
 
 
 @pytest.mark.parametrize("m,k,n", SHAPES)
-def test_per_token_epilogue_matches_reference(m, k, n):
+def test_per_token_epilogue_matches_reference(engine_mode, m, k, n):
     gen = torch.Generator().manual_seed(n)
     a, w = _codes(m, k, gen), _codes(n, k, gen, -127)
     scale, zero = torch.rand(m, generator=gen) + 1e-3, torch.randint(-128, 128, (m,), generator=gen)
@@ -89,7 +130,7 @@ def _pwlq_inputs(m, k, gen, tails):
 @pytest.mark.parametrize("m,k,n", SHAPES)
 @pytest.mark.parametrize("book", range(4))
 @pytest.mark.parametrize("tails", ["none", "columns", "rare", "everywhere"])
-def test_pwlq_matches_reference(m, k, n, book, tails):
+def test_pwlq_matches_reference(engine_mode, m, k, n, book, tails):
     cb = _books()[book]
     gen = torch.Generator().manual_seed(m + k + n)
     codes = pwlq_quantize(_pwlq_inputs(m, k, gen, tails), cb).to(torch.int8)
@@ -116,7 +157,7 @@ def test_pwlq_empty_batch():
     assert y.shape == (0, 9)
 
 
-def test_gemm_add_accumulates_in_place():
+def test_gemm_add_accumulates_in_place(engine_mode):
     gen = torch.Generator().manual_seed(5)
     a, w = _codes(33, 67, gen), _codes(40, 67, gen, -127)
     w_scale, out = torch.rand(40, generator=gen) + 0.01, torch.randn(33, 40, generator=gen)
@@ -151,7 +192,7 @@ def padded_tokens():
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-def test_sites_equal_reference_on_padded_batch(padded_tokens, preset):
+def test_sites_equal_reference_on_padded_batch(engine_mode, padded_tokens, preset):
     model, seqs, tokens = padded_tokens
     qmodel = set_engine(pp.quantize(model, preset, calibration=seqs, backend="int8"), "reference")
     inputs = _site_inputs(qmodel, tokens)
@@ -163,14 +204,28 @@ def test_sites_equal_reference_on_padded_batch(padded_tokens, preset):
         with torch.no_grad():
             site.engine = pp.Engine.REFERENCE
             ref = site(x)
-            site.engine = pp.Engine.AUTO
+            site.engine = pp.Engine.ONEDNN  # auto may take the float path (PWLQ where oneDNN is split)
             fast = site(x)
         assert site.engine_ran == "onednn" and _rel(fast, ref) <= 1e-6, name
 
 
+@pytest.mark.parametrize("preset", ["w8a8-uniform", "w8a8-dynamic"])
+def test_site_accumulators_identical_on_padded_batch(engine_mode, padded_tokens, preset):
+    """Every site's int32 accumulators on a padded batch's real codes equal the exact integer product."""
+    from ptq_protein.nn.int_fast import prepack_module
+
+    model, seqs, tokens = padded_tokens
+    qmodel = pp.quantize(model, preset, calibration=seqs, backend="int8")
+    for name, x in _site_inputs(qmodel, tokens).items():
+        site = qmodel.get_submodule(name)
+        codes = encode_codes(site.input_quant, x.reshape(-1, x.shape[-1]))[0]
+        w = site.plain_weight_codes().to(torch.int8)
+        assert torch.equal(cpu_int8.accumulators(codes, prepack_module(site)), int_matmul(codes, w)), name
+
+
 def test_fast_module_holds_one_int8_copy_and_saves_codes(padded_tokens, tmp_path):
     model, seqs, tokens = padded_tokens
-    qmodel = pp.quantize(model, "w8a8-pwlq", calibration=seqs, backend="int8")
+    qmodel = set_engine(pp.quantize(model, "w8a8-pwlq", calibration=seqs, backend="int8"), "onednn")
     codes = {n: m.weight_codes.clone() for n, m in qmodel.named_modules() if isinstance(m, QuantLinear)}
     with torch.no_grad():
         out = qmodel(tokens)["logits"]
@@ -182,7 +237,7 @@ def test_fast_module_holds_one_int8_copy_and_saves_codes(padded_tokens, tmp_path
     with torch.no_grad():
         assert torch.equal(copy.deepcopy(qmodel)(tokens)["logits"], out)
     pp.save(qmodel, tmp_path / "art")
-    loaded = pp.load(tmp_path / "art")
+    loaded = set_engine(pp.load(tmp_path / "art"), "onednn")
     with torch.no_grad():
         assert torch.equal(loaded(tokens)["logits"], out)
     assert engine_used(loaded) == "onednn"
@@ -224,7 +279,7 @@ def test_fake_and_int8_sites_agree_on_padded_batch(padded_tokens, preset):
     from ptq_protein.config import Backend
 
     model, seqs, tokens = padded_tokens
-    real = pp.quantize(model, preset, calibration=seqs, backend="int8")
+    real = set_engine(pp.quantize(model, preset, calibration=seqs, backend="int8"), "onednn")
     inputs = _site_inputs(real, tokens)
     for name, x in inputs.items():
         site = real.get_submodule(name)
@@ -234,3 +289,62 @@ def test_fake_and_int8_sites_agree_on_padded_batch(padded_tokens, preset):
             y_fake = site(x)
             site.backend = Backend.INT8
         assert _rel(y_int, y_fake) <= 1e-5, name
+
+
+def _int8_forward_warnings(qmodel, tokens):
+    from ptq_protein.nn import int_exec
+
+    int_exec._warn_float.cache_clear()  # one line per cause and process: start this test's process afresh
+    with pytest.warns(int_exec.EngineFallbackWarning) as caught, torch.no_grad():
+        out = qmodel(tokens)["logits"]
+        qmodel(tokens)  # a second forward adds no line
+    return out, [str(w.message) for w in caught if issubclass(w.category, int_exec.EngineFallbackWarning)]
+
+
+def test_site_without_onednn_kernel_runs_float_and_says_why(padded_tokens):
+    """Dynamic PWLQ inputs: no oneDNN kernel, so the fake backend's product, one warning line."""
+    from ptq_protein.config import Backend
+
+    model, seqs, tokens = padded_tokens
+    qmodel = pp.quantize(model, "w8a8-pwlq-dynamic", backend="int8")
+    out, lines = _int8_forward_warnings(qmodel, tokens)
+    assert len(lines) == 1 and "runs the float path" in lines[0] and "static PWLQ inputs only" in lines[0]
+    assert "\n" not in lines[0] and engine_used(qmodel) == "float"
+    for m in qmodel.modules():
+        if isinstance(m, QuantLinear):
+            m.backend = Backend.FAKE
+    with torch.no_grad():
+        fake = qmodel(tokens)["logits"]
+    assert _rel(out, fake) <= 1e-5  # the fake product (BOS/EOS rows read from the codes: float rounding apart)
+
+
+def test_cpu_without_exact_int8_runs_float_and_says_why(padded_tokens, monkeypatch):
+    """No exact oneDNN GEMM (no oneDNN, or saturation the split cannot undo): float path, the probe's reason."""
+    model, seqs, tokens = padded_tokens
+    qmodel = pp.quantize(model, "w8a8-uniform", calibration=seqs, backend="int8")
+    monkeypatch.setattr(cpu_int8, "_probe", lambda: (None, "oneDNN's int8 GEMM is not exact on this CPU, even split"))
+    _, lines = _int8_forward_warnings(qmodel, tokens)
+    assert len(lines) == 1 and "not exact on this CPU, even split" in lines[0] and engine_used(qmodel) == "float"
+    with pytest.raises(ValueError, match="engine 'onednn' is not available here .*not exact on this CPU"):
+        set_engine(qmodel, "onednn")
+    set_engine(qmodel, "reference")
+    with torch.no_grad():
+        qmodel(tokens)
+    assert engine_used(qmodel) == "reference"  # asked for: the exact reference still runs
+
+
+def test_split_cpu_runs_pwlq_as_float_and_uniform_on_onednn(padded_tokens, monkeypatch):
+    """Where oneDNN must split every GEMM, PWLQ's exact engine is slower than fake: float path and one line;
+    uniform sites stay on the exact oneDNN engine, with no warning."""
+    import warnings
+
+    model, seqs, tokens = padded_tokens
+    monkeypatch.setattr(cpu_int8, "mode", lambda: "split")
+    pwlq = pp.quantize(model, "w8a8-pwlq", calibration=seqs, backend="int8")
+    _, lines = _int8_forward_warnings(pwlq, tokens)
+    assert len(lines) == 1 and "PWLQ's exact int8 GEMMs" in lines[0] and engine_used(pwlq) == "float"
+    uniform = pp.quantize(model, "w8a8-uniform", calibration=seqs, backend="int8")
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("error")
+        uniform(tokens)
+    assert engine_used(uniform) == "onednn"

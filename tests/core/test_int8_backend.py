@@ -35,9 +35,9 @@ def _compare(fake, real, run):
 
 
 @pytest.mark.parametrize("preset", ["w8a8-uniform", "w8a8-pwlq", "w4a8-pwlq", "w8a8-dynamic"])
-def test_esm2_int8_matches_fake(esm2, seqs, preset):
+def test_esm2_int8_matches_fake(esm2, seqs, preset, int_engine):
     fake = pp.quantize(esm2, preset, calibration=seqs)
-    real = pp.quantize(esm2, preset, calibration=seqs, backend="int8")
+    real = pp.set_engine(pp.quantize(esm2, preset, calibration=seqs, backend="int8"), int_engine)
     tokens = get_adapter(esm2).make_batch(seqs[:2]).inputs["tokens"]
     with torch.no_grad():
         out_f, out_i, frac = _compare(fake, real, lambda m: m(tokens)["logits"])

@@ -115,3 +115,27 @@ def test_zero_code_moves_codes_between_sides():
     assert float(levels[-99 + 113 + 128]) == pytest.approx(2.0, abs=1e-6)  # 113 = ceil(226 / 2) centre codes
     x = torch.linspace(-0.2, 9.0, 5001)
     assert pwlq_quantize(x, cb).min() == -128 and pwlq_quantize(torch.tensor([float("nan")]), cb).item() == -99
+
+
+@pytest.mark.parametrize("zero,breaks", [(-40, ((0.3,), (1.1,))), (10, ((0.5, 0.9), (0.2, 2.0))), (0, ((2.5,), (0.1,))),
+                                         (5, ((0.05, 0.06), (3.0,)))])  # the last: the pooled step passes 0.06
+def test_shared_centre_step_is_one_uniform_grid(zero, breaks):
+    """Both centre pieces on the pooled step: one region decoding ``step * (q - zero)``, the tails unchanged."""
+    from ptq_protein.quant.pwlq import shared_centre_step
+
+    neg_b, pos_b = breaks
+    qmin, qmax = qrange(8, False)
+    inner = ((40,) + (20,) * (len(neg_b) - 1), (50,) + (30,) * (len(pos_b) - 1))  # centre, middle pieces; tail: rest
+    counts = (inner[0] + (zero - qmin - sum(inner[0]),), inner[1] + (qmax - zero - sum(inner[1]),))
+    cb = shared_centre_step(neg_b, pos_b, 3.0, 4.0, 8, counts, zero)
+    plain = pwlq_from_breakpoints(neg_b, pos_b, 3.0, 4.0, 8, counts, extra_negative_code=True, zero_code=zero)
+    assert len(cb.code_lo) == len(plain.code_lo) - 1  # the two centre pieces became one region
+    centre = next(r for r in range(len(cb.code_lo)) if cb.code_lo[r] <= zero <= cb.code_hi[r])
+    assert (cb.code_lo[centre], cb.code_hi[centre]) == (zero - counts[0][0], zero + counts[1][0])
+    pooled = (neg_b[0] + pos_b[0]) / (counts[0][0] + counts[1][0])
+    step = float(torch.tensor(pooled, dtype=torch.float32))
+    if step * counts[0][0] >= (neg_b[1:] or (3.0,))[0] or step * counts[1][0] >= (pos_b[1:] or (4.0,))[0]:
+        step = float(torch.tensor(min(neg_b[0] / counts[0][0], pos_b[0] / counts[1][0]), dtype=torch.float32))
+    q = torch.arange(cb.code_lo[centre], cb.code_hi[centre] + 1)
+    torch.testing.assert_close(pwlq_dequantize(q, cb).double(), step * (q.double() - zero), atol=1e-6, rtol=1e-6)
+    assert pwlq_dequantize(torch.tensor([qmin, qmax]), cb).tolist() == pytest.approx([-3.0, 4.0], rel=1e-6)
