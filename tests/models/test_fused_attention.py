@@ -54,16 +54,20 @@ def _rel(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
+def _padded_input(mha, seed, lengths):
+    """Random hidden states ``[T, B, C]`` and the key padding mask ``[B, T]`` of sequences of these lengths."""
+    torch.manual_seed(seed)
+    x = torch.randn(max(lengths), len(lengths), mha.embed_dim)
+    return x, torch.arange(max(lengths))[None, :] >= torch.tensor(lengths)[:, None]
+
+
 def test_fused_attention_equals_fair_esm_attention():
     """Padded keys masked, rotary applied to q and k: the fused product equals fair-esm's forward
     (float32 rounding: fair-esm's softmax runs in float32 whatever the input dtype)."""
     model = tiny_esm2(seed=0)[0]
     use_fused_attention_(model)
     mha = model.layers[0].self_attn
-    torch.manual_seed(0)
-    x = torch.randn(20, 3, mha.embed_dim)
-    padding = torch.zeros(3, 20, dtype=torch.bool)
-    padding[1, 15:], padding[2, 9:] = True, True
+    x, padding = _padded_input(mha, seed=0, lengths=(20, 15, 9))
     with torch.no_grad():
         ref, _ = esm_mha.MultiheadAttention.forward(mha, x, x, x, key_padding_mask=padding, need_weights=False)
         out = mha.out_proj(_attention(mha, x, padding))
@@ -86,10 +90,7 @@ def test_int8_attention_is_fused_within_float_rounding(preset, sdpa_calls):
     """Same input, same integer q/k/v projections: the attention output moves by float32 rounding only."""
     qmodel = _quantized(preset)
     mha = qmodel.layers[1].self_attn
-    torch.manual_seed(1)
-    x = torch.randn(24, 3, mha.embed_dim)
-    padding = torch.zeros(3, 24, dtype=torch.bool)
-    padding[0, 20:], padding[2, 7:] = True, True
+    x, padding = _padded_input(mha, seed=1, lengths=(20, 24, 7))
     with torch.no_grad():
         fused = _attention_input(mha, x, padding)
         assert sdpa_calls[0] == 1
