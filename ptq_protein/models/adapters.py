@@ -213,10 +213,10 @@ class FairEsmAdapter(ModelAdapter):
         for module in model.modules():
             if hasattr(module, "enable_torch_version"):
                 module.enable_torch_version = False
-        # integer models run attention as one fused call when no attention map is asked for
-        from ptq_protein.models.fused_attention import use_fused_attention_
+        # integer models run attention (when no map is asked for) and GELU as single fused calls
+        from ptq_protein.models.fused_float import use_fused_float_
 
-        use_fused_attention_(model)
+        use_fused_float_(model)
 
     @contextlib.contextmanager
     def calibration_mode(self, model: nn.Module) -> Iterator[None]:

@@ -1,4 +1,4 @@
-"""Fused attention of integer fair-esm models (``ptq_protein.models.fused_attention``).
+"""Fused attention and GELU of integer fair-esm models (``ptq_protein.models.fused_float``).
 
 References: fair-esm's own ``MultiheadAttention.forward`` (independent of the fused
 code) and the same quantized model with the fused path switched off.
@@ -12,11 +12,25 @@ from torch.nn import functional as F
 
 import ptq_protein as pp
 from ptq_protein.models.adapters import get_adapter
-from ptq_protein.models.fused_attention import _attention, fused_attention_runs, use_fused_attention_
+from ptq_protein.models.fused_float import _attention, fused_attention_runs, use_fused_float_
 from ptq_protein.models.tiny import tiny_esm2
 from tiny_fixtures import SEQS
 
 esm_mha = pytest.importorskip("esm.multihead_attention")
+
+
+@pytest.fixture()
+def gelu_calls(monkeypatch):
+    """Counts ``F.gelu`` calls (the fused layer's GELU; fair-esm's own is erf arithmetic)."""
+    calls = [0]
+    real = F.gelu
+
+    def counting(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(F, "gelu", counting)
+    return calls
 
 
 @pytest.fixture()
@@ -40,7 +54,7 @@ def _padded_tokens(model):
 
 def _explicit(model):
     """Switch the fused path off (fair-esm's bmm / softmax / bmm path) on every attention module."""
-    use_fused_attention_(model, enabled=False)
+    use_fused_float_(model, enabled=False)
     return model
 
 
@@ -65,7 +79,7 @@ def test_fused_attention_equals_fair_esm_attention():
     """Padded keys masked, rotary applied to q and k: the fused product equals fair-esm's forward
     (float32 rounding: fair-esm's softmax runs in float32 whatever the input dtype)."""
     model = tiny_esm2(seed=0)[0]
-    use_fused_attention_(model)
+    use_fused_float_(model)
     mha = model.layers[0].self_attn
     x, padding = _padded_input(mha, seed=0, lengths=(20, 15, 9))
     with torch.no_grad():
@@ -130,13 +144,13 @@ def test_attention_maps_and_contacts_keep_the_explicit_path(sdpa_calls):
         torch.testing.assert_close(out[key], ref[key], rtol=0, atol=0)
 
 
-def test_fake_backend_never_fuses(sdpa_calls):
+def test_fake_backend_never_fuses(sdpa_calls, gelu_calls):
     fake = _quantized("w8a8-uniform", backend="fake")
     tokens = _padded_tokens(fake)
     with torch.no_grad():
         out = fake(tokens)["logits"]
         ref = _explicit(fake)(tokens)["logits"]
-    assert sdpa_calls[0] == 0
+    assert sdpa_calls[0] == gelu_calls[0] == 0
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
 
 
@@ -151,8 +165,8 @@ def test_quantized_attention_matmuls_keep_the_explicit_path(sdpa_calls):
 def test_the_swap_keeps_names_parameters_and_copies():
     model = tiny_esm2(seed=0)[0]
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    assert use_fused_attention_(model) == len(model.layers)
-    assert use_fused_attention_(model) == len(model.layers)  # idempotent
+    assert use_fused_float_(model) == len(model.layers)
+    assert use_fused_float_(model) == len(model.layers)  # idempotent
     mha = model.layers[0].self_attn
     assert type(mha).__name__ == "MultiheadAttention" and isinstance(mha, esm_mha.MultiheadAttention)
     assert model.state_dict().keys() == before.keys()
@@ -167,3 +181,19 @@ def test_transformers_esm_already_runs_sdpa():
 
     qmodel = pp.quantize(tiny_hf_esm2(seed=0)[0], "w8a8-uniform", calibration=list(SEQS), backend="int8")
     assert qmodel.config._attn_implementation == "sdpa"
+
+
+def test_int8_layers_run_one_pass_gelu_within_float_rounding(gelu_calls, sdpa_calls):
+    """Weight-only codes (no activation codes to flip): the fused model equals fair-esm's arithmetic
+    to float32 rounding; the fake twin never takes the fused operations."""
+    qmodel = _quantized("w8-only")
+    tokens = _padded_tokens(qmodel)
+    real = tokens != qmodel.padding_idx
+    with torch.no_grad():
+        fused = qmodel(tokens)["logits"]
+        assert gelu_calls[0] == sdpa_calls[0] == len(qmodel.layers)
+        explicit = _explicit(qmodel)(tokens)["logits"]
+        fake = _quantized("w8-only", backend="fake")(tokens)["logits"]
+    assert gelu_calls[0] == sdpa_calls[0] == len(qmodel.layers)
+    assert _rel(fused[real], explicit[real]) < 1e-5
+    torch.testing.assert_close(explicit, fake, rtol=0, atol=0)
