@@ -197,3 +197,15 @@ def test_int8_layers_run_one_pass_gelu_within_float_rounding(gelu_calls, sdpa_ca
     assert gelu_calls[0] == sdpa_calls[0] == len(qmodel.layers)
     assert _rel(fused[real], explicit[real]) < 1e-5
     torch.testing.assert_close(explicit, fake, rtol=0, atol=0)
+
+
+def test_loaded_int8_artifact_runs_fused(tmp_path, sdpa_calls):
+    """``pp.load`` prepares the model through the adapter too: backend int8 fuses, backend fake does not."""
+    pp.save(_quantized("w8a8-uniform", backend="fake"), tmp_path / "a")
+    fake, real = pp.load(tmp_path / "a"), pp.load(tmp_path / "a", backend="int8")
+    tokens = _padded_tokens(fake)
+    with torch.no_grad():
+        fake(tokens)
+        assert sdpa_calls[0] == 0
+        real(tokens)
+    assert sdpa_calls[0] == len(real.layers)
