@@ -73,6 +73,18 @@ def use_fused_float_(model: nn.Module, enabled: bool = True) -> int:
 _FUSED: dict = {}
 
 
+def __getattr__(name: str) -> type:
+    """The fused classes by name (``MultiheadAttention``, ``TransformerLayer``), so pickle finds them."""
+    try:
+        bases = _base_classes()
+    except ImportError as err:
+        raise AttributeError(name) from err
+    for base in bases:
+        if base.__name__ == name:
+            return _fused_class(base)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _fused_class(base: type) -> type:
     """The subclass of a fair-esm class with the fused forward (one per base class)."""
     if base not in _FUSED:

@@ -209,3 +209,17 @@ def test_loaded_int8_artifact_runs_fused(tmp_path, sdpa_calls):
         assert sdpa_calls[0] == 0
         real(tokens)
     assert sdpa_calls[0] == len(real.layers)
+
+
+def test_fused_model_pickles_whole():
+    """``torch.save(model)`` pickles classes by module and name: the fused ones resolve."""
+    import io
+
+    model = tiny_esm2(seed=0)[0]
+    use_fused_float_(model)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    again = torch.load(buffer, weights_only=False)
+    assert type(again.layers[0].self_attn) is type(model.layers[0].self_attn)
+    assert type(again.layers[0]) is type(model.layers[0])
