@@ -49,3 +49,8 @@ def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'ptq_protein' has no attribute {name!r}")
+
+
+from ptq_protein.interop import hf_hook  # noqa: E402 (after __version__: registering may import the artifact code)
+
+hf_hook.install()
