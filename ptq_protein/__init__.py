@@ -38,6 +38,7 @@ _EXPORTS = {
     "load": "ptq_protein.artifact",
     "compare_models": "ptq_protein.eval.bench.fidelity",
     "load_model": "ptq_protein.models.loading",
+    "export_onnx": "ptq_protein.interop.onnx_export",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
