@@ -57,6 +57,10 @@ def test_masked_lm_from_pretrained_is_pp_load(masked_lm_artifact, seqs):
     batch = _batch(seqs[:3])
     with torch.no_grad():
         assert torch.equal(model(**batch).logits, ref(**batch).logits)
+        low = AutoModelForMaskedLM.from_pretrained(masked_lm_artifact, dtype=torch.bfloat16)  # dtype= is honoured
+        query = low.esm.encoder.layer[0].attention.self.query
+        assert low(**batch).logits.dtype == torch.bfloat16
+        assert query.weight_codes.dtype == torch.int8 and query.weight_scale.dtype == torch.float32
 
 
 def test_esm_model_from_pretrained_is_pp_load(hf_esm2, seqs, tmp_path):
