@@ -7,7 +7,10 @@ and one padded batch of random sequences (default 4 sequences, lengths from
 ``--length`` down to half of it), one run measures, interleaved (the order
 rotates every round), medians of ``--reps``:
 
-* PyTorch: the FP32 model and our ``w8a8-uniform`` / ``w8a8-dynamic`` fake models;
+* PyTorch: the FP32 model and our ``w8a8-uniform`` / ``w8a8-dynamic`` fake models, and
+  ``w8a8-uniform`` with BOS/EOS quantized like residues (``-include``): with BOS/EOS
+  kept in float a ``Where`` separates each activation from its ``MatMul``, and ORT
+  runs the weights as ``MatMulNBits``; without it ORT fuses ``MatMulIntegerToFloat``;
 * ONNX Runtime (``ort_session``: CPU provider, exact uint8 kernels): the FP32
   export, our QDQ exports of the two recipes, and ORT's own
   ``quantize_dynamic`` of the FP32 export (int8 weights, with and without
@@ -42,7 +45,16 @@ from bench_quantize import (  # noqa: E402  (sibling script: shared model, seque
 )
 from bench_cpu_int8 import cpu_facts  # noqa: E402
 
-RECIPES = ("w8a8-uniform", "w8a8-dynamic")
+RECIPES = ("w8a8-uniform", "w8a8-dynamic", "w8a8-uniform-include")  # -include: BOS/EOS quantized like residues
+
+
+def _config(recipe: str):
+    """The preset, or with ``-include`` its ``special_tokens="include"`` variant (ORT then fuses integer GEMMs)."""
+    import ptq_protein as pp
+
+    if recipe.endswith("-include"):
+        return pp.get_preset(recipe[: -len("-include")]).replace(special_tokens="include")
+    return recipe
 
 
 class _Logits(torch.nn.Module):
@@ -83,7 +95,7 @@ def build_paths(shape, threads: int, length: int, folder: Path) -> tuple:
     _fp_export(model, folder / "fp.onnx")
     sessions = {"ORT FP32": ort_session(folder / "fp.onnx", threads)}
     for recipe in RECIPES:
-        qmodel = pp.quantize(model, recipe, calibration=random_sequences(8, length, seed=2))
+        qmodel = pp.quantize(model, _config(recipe), calibration=random_sequences(8, length, seed=2))
         pp.save(qmodel, folder / recipe)
         export_onnx(folder / recipe, folder / f"{recipe}.onnx")
         paths[f"torch {recipe} fake"] = lambda q=qmodel: q(tokens)["logits"]
@@ -122,7 +134,7 @@ def rows(paths, tokens, medians: Dict[str, float]) -> List[list]:
     fp = outs["torch FP32"]
     table = []
     for name in paths:
-        fake = next((f"torch {r} fake" for r in RECIPES if r in name), None)
+        fake = next((f"torch {r} fake" for r in sorted(RECIPES, key=len, reverse=True) if r in name), None)
         vs_fake = f"{rel(outs[name], outs[fake]):.2e}" if name.startswith("ORT ours") or "float64" in name else ""
         table.append([name, medians[name] * 1e3, medians[name] / medians["torch FP32"], rel(outs[name], fp), vs_fake])
     return table
