@@ -70,6 +70,8 @@ def test_esm_model_from_pretrained_is_pp_load(hf_esm2, seqs, tmp_path):
     batch = _batch(seqs[:3])
     with torch.no_grad():
         assert torch.equal(model(**batch).last_hidden_state, ref(**batch).last_hidden_state)
+    with pytest.raises(ValueError, match="holds a quantized EsmModel; load it with EsmModel"):
+        EsmForMaskedLM.from_pretrained(tmp_path / "a")  # no LM head in the artifact: refused, not invented
     _flip_last_tensor_byte(tmp_path / "a")
     _same_refusal(lambda: pp.load(tmp_path / "a"), lambda: EsmModel.from_pretrained(tmp_path / "a"))
 
