@@ -189,7 +189,8 @@ def save(qmodel: nn.Module, path: Union[str, Path], *, force: bool = False,
             "aliases": aliases, "versions": _versions(),
             "reports": {name: file_sha256(tmp / name) for name in (REPORT_JSON, REPORT_MD)},
             "mixed_precision": None if state.plan is None else state.plan.to_dict(),
-            TENSORS_DIGEST: tensors_sha256(tensors), "tokenizer_files": tokenizer,
+            TENSORS_DIGEST: tensors_sha256(tensors),
+            **({"tokenizer_files": tokenizer} if tokenizer else {}),  # absent without: older recipes unchanged
         }
         recipe = json.loads(json.dumps(recipe))  # exactly what recipe.json will hold (tuples -> lists)
         save_file(tensors, str(tmp / TENSORS), metadata={"format": ARTIFACT_FORMAT, SEAL_KEY: canonical_json(recipe)})

@@ -51,11 +51,12 @@ def export_onnx(artifact: Union[str, Path], out: Union[str, Path], *, force: boo
     except ImportError as err:
         raise InputError(INSTALL_ONNX) from err
     from ptq_protein.artifact import load
-    from ptq_protein.io_utils import atomic_write_bytes
+    from ptq_protein.io_utils import atomic_write_bytes, check_out_path
 
     out = Path(out)
-    if out.exists() and not force:
-        raise FileExistsError(f"{out} already exists; choose another path or pass --force to replace it")
+    check_out_path(out, force=force, what="ONNX file")  # before loading: refused in words, not after the export
+    if out.is_dir():
+        raise InputError(f"--out {out} is a folder; name the .onnx file to write, e.g. {out / 'model.onnx'}")
     model = load(artifact)
     wrapper, output = _wrap(model)
     check_exportable(wrapper.exported, model.ptq_recipe["sites"], wrapper.prefix)
