@@ -32,24 +32,35 @@ def _register() -> None:
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds :data:`TARGET` through the other finders and registers once its module has executed."""
+    """Finds :data:`TARGET` through the other finders and registers once its module has executed.
+
+    It leaves ``sys.meta_path`` only when the module really executed: a mere
+    ``importlib.util.find_spec`` probe must not use up the hook.
+    """
+
+    searching = False
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != TARGET:
+        if fullname != TARGET or self.searching:
             return None
-        sys.meta_path.remove(self)  # one shot; also keeps the search below from finding this finder
-        for finder in sys.meta_path:
-            spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
-            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                run = spec.loader.exec_module
+        self.searching = True  # the finders below must not find this one again
+        try:
+            spec = next((s for f in sys.meta_path if f is not self and hasattr(f, "find_spec")
+                         for s in [f.find_spec(fullname, path, target)] if s is not None), None)
+        finally:
+            self.searching = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
 
-                def exec_then_register(module, _run=run):
-                    _run(module)
-                    _register()
+        def exec_then_register(module, _run=run):
+            _run(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            _register()
 
-                spec.loader.exec_module = exec_then_register
-                return spec
-        return None
+        spec.loader.exec_module = exec_then_register
+        return spec
 
 
 def install() -> None:

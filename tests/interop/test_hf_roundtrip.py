@@ -165,7 +165,9 @@ def test_float_models_save_as_transformers_does(hf_esm2, seqs, tmp_path):
 
 
 def test_import_stays_light_and_registers_when_transformers_loads():
-    code = ("import sys, ptq_protein; assert 'transformers' not in sys.modules, 'transformers imported eagerly'\n"
+    code = ("import sys, importlib.util, ptq_protein\n"
+            "assert 'transformers' not in sys.modules, 'transformers imported eagerly'\n"
+            "importlib.util.find_spec('transformers.modeling_utils')  # a probe must not use up the hook\n"
             "from transformers.quantizers.auto import AUTO_QUANTIZER_MAPPING\n"
             "import transformers.modeling_utils\n"
             "assert AUTO_QUANTIZER_MAPPING['ptq_protein'].__name__ == 'PtqProteinQuantizer'\n")
