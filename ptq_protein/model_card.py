@@ -107,6 +107,7 @@ def _how_to_load(recipe: Dict[str, Any], hf: bool) -> List[str]:
         lines += ["", "With transformers (ptq-protein installed; importing it registers the method):", "",
                   "```python", "import ptq_protein  # noqa: F401", f"from transformers import {cls}",
                   f"model = {cls}.from_pretrained(\"path/to/this/folder\")", "```"]
-    lines += ["", "With ONNX Runtime (uniform int8 recipes):", "", "```bash",
+    lines += ["", "With ONNX Runtime (`pip install 'ptq-protein[onnx]'`; recipes whose sites are uniform 8-bit, others "
+              "are refused naming the site; ESMFold: its ESM-2 stem):", "", "```bash",
               "ptq-protein export path/to/this/folder --format onnx --out model.onnx", "```"]
     return lines
