@@ -22,6 +22,9 @@ TARGET = "transformers.modeling_utils"
 
 
 def _register() -> None:
+    pending = sys.modules.get("ptq_protein.interop.hf_quantizer")
+    if pending is not None and not hasattr(pending, "register"):
+        return  # that module is being imported (it imported transformers): it registers when it ends
     try:
         from ptq_protein.interop.hf_quantizer import register
 

@@ -191,3 +191,6 @@ def register() -> None:
     for name, ours in (("save_pretrained", save_pretrained), ("push_to_hub", push_to_hub)):
         if not getattr(getattr(PreTrainedModel, name), "ptq_protein_guard", False):
             setattr(PreTrainedModel, name, _guard(name, ours))
+
+
+register()  # importing this module first (before transformers' models) registers too
