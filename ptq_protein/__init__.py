@@ -38,6 +38,7 @@ _EXPORTS = {
     "load": "ptq_protein.artifact",
     "compare_models": "ptq_protein.eval.bench.fidelity",
     "load_model": "ptq_protein.models.loading",
+    "export_onnx": "ptq_protein.interop.onnx_export",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -49,3 +50,8 @@ def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'ptq_protein' has no attribute {name!r}")
+
+
+from ptq_protein.interop import hf_hook  # noqa: E402 (after __version__: registering may import the artifact code)
+
+hf_hook.install()

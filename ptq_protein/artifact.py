@@ -9,6 +9,10 @@ Layout of an artifact folder::
     recipe.json         config, per-site quantizer specs, architecture, model source and
                         checksum, calibration set and sha256, versions, tensor-file checksum
     report.json / .md   per-site statistics
+    README.md           model card (source, recipe in words, calibration, fidelity, how to load)
+    config.json         transformers models only: their config plus a ``quantization_config``, so
+                        ``from_pretrained`` opens the folder (:mod:`ptq_protein.artifact_hf`)
+    vocab.txt, ...      the source folder's tokenizer files, where it had them (sha256 sealed)
 
 Saving is atomic (temp folder, then rename; an existing folder is replaced only
 with ``force`` and only when it is an artifact). Loading verifies everything
@@ -36,6 +40,8 @@ from ptq_protein import __version__
 from ptq_protein.api import CalibrationInfo, QuantState
 from ptq_protein.models.architecture import build_architecture, describe_architecture
 from ptq_protein.config import Backend, QuantConfig, SiteKind, TensorQuant
+from ptq_protein.artifact_hf import HF_CONFIG, TOKENIZER_FILES, copy_tokenizer_files, hf_config, tokenizer_source
+from ptq_protein.model_card import CARD, model_card
 from ptq_protein.artifact_seal import (SEAL_KEY, TENSORS_DIGEST, canonical_json, check_files_entry,
                                       check_recipe_object, check_sealed, check_tensors, file_sha256, plain_file,
                                       tensors_sha256)
@@ -57,7 +63,8 @@ ARTIFACT_VERSION = 3  # 3: the seal binds the tensors' digest too; 2: recipe sea
 TENSORS, RECIPE, REPORT_JSON, REPORT_MD = "model.safetensors", "recipe.json", "report.json", "report.md"
 
 
-ARTIFACT_FILES = (TENSORS, RECIPE, REPORT_JSON, REPORT_MD)  # everything save() writes: all that --force may replace
+# everything save() writes: all that --force may replace
+ARTIFACT_FILES = (TENSORS, RECIPE, REPORT_JSON, REPORT_MD, CARD, HF_CONFIG) + TOKENIZER_FILES
 
 
 def is_artifact_dir(path: Union[str, Path]) -> bool:
@@ -152,8 +159,11 @@ def _tensor_dict(qmodel: nn.Module, sites: Dict[str, Dict[str, Any]]) -> tuple:
 
 
 def save(qmodel: nn.Module, path: Union[str, Path], *, force: bool = False,
-         model_info: Optional[Dict[str, Any]] = None) -> Path:
-    """Write ``qmodel`` (from :func:`ptq_protein.quantize`) to the folder ``path``, atomically."""
+         model_info: Optional[Dict[str, Any]] = None, fidelity_markdown: Optional[str] = None) -> Path:
+    """Write ``qmodel`` (from :func:`ptq_protein.quantize`) to the folder ``path``, atomically.
+
+    ``fidelity_markdown`` (a table) goes into the model card's fidelity section.
+    """
     from safetensors.torch import save_file
 
     state: Optional[QuantState] = getattr(qmodel, "ptq_state", None)
@@ -168,6 +178,7 @@ def save(qmodel: nn.Module, path: Union[str, Path], *, force: bool = False,
     with atomic_dir(path, force=force, replaceable=_replaceable_artifact, what="ptq-protein artifact folder") as tmp:
         (tmp / REPORT_JSON).write_text(json.dumps(state.report, indent=2, default=str))
         (tmp / REPORT_MD).write_text(report_markdown(state.report, title=f"{state.config.name} per-site report"))
+        tokenizer = copy_tokenizer_files(tokenizer_source(qmodel, model_info), tmp)
         recipe = {
             "format": ARTIFACT_FORMAT, "format_version": ARTIFACT_VERSION,
             "config": state.config.to_dict(), "family": state.family,
@@ -179,11 +190,16 @@ def save(qmodel: nn.Module, path: Union[str, Path], *, force: bool = False,
             "reports": {name: file_sha256(tmp / name) for name in (REPORT_JSON, REPORT_MD)},
             "mixed_precision": None if state.plan is None else state.plan.to_dict(),
             TENSORS_DIGEST: tensors_sha256(tensors),
+            **({"tokenizer_files": tokenizer} if tokenizer else {}),  # absent without: older recipes unchanged
         }
         recipe = json.loads(json.dumps(recipe))  # exactly what recipe.json will hold (tuples -> lists)
         save_file(tensors, str(tmp / TENSORS), metadata={"format": ARTIFACT_FORMAT, SEAL_KEY: canonical_json(recipe)})
         recipe["files"] = {TENSORS: {"sha256": file_sha256(tmp / TENSORS), "bytes": (tmp / TENSORS).stat().st_size}}
         (tmp / RECIPE).write_text(json.dumps(recipe, indent=2, sort_keys=True))
+        config = hf_config(qmodel, state.config.name, ARTIFACT_VERSION)
+        if config is not None:
+            (tmp / HF_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True))
+        (tmp / CARD).write_text(model_card(recipe, fidelity_markdown))
     return path
 
 
@@ -234,12 +250,17 @@ def _verify(path: Path, recipe: Dict[str, Any]) -> None:
     if not isinstance(reports, dict) or set(reports) != {REPORT_JSON, REPORT_MD}:
         raise ArtifactError(f"{path / RECIPE} field reports must list exactly {REPORT_JSON} and {REPORT_MD}; the "
                             "artifact is corrupt: re-run quantize")
-    for name, sha in reports.items():
+    tokenizer = recipe.get("tokenizer_files", {})
+    if not isinstance(tokenizer, dict) or not set(tokenizer) <= set(TOKENIZER_FILES):
+        raise ArtifactError(f"{path / RECIPE} field tokenizer_files must map tokenizer file names to sha256; the "
+                            "artifact is corrupt: re-run quantize")
+    for name, sha in {**reports, **tokenizer}.items():
         if not (path / name).exists() and not (path / name).is_symlink():
             raise ArtifactError(f"{path / name} is missing; the artifact was modified: re-run quantize (or restore "
                                 "the file)")
         if file_sha256(plain_file(path, name)) != sha:
-            raise ArtifactError(f"{path / name} is missing or differs from {RECIPE} field reports/{name}: the artifact "
+            field = "reports" if name in reports else "tokenizer_files"
+            raise ArtifactError(f"{path / name} is missing or differs from {RECIPE} field {field}/{name}: the artifact "
                                 "was modified; re-run quantize (or restore the file)")
 
 

@@ -18,7 +18,8 @@ section (the *body*) is written, as canonical JSON, into the metadata header of
 Only plain files inside the folder are read (:func:`plain_file`): a link (to
 ``/dev/zero``, to another artifact's file) or a FIFO is refused before it is opened.
 
-The report files' sha256 are part of the body, so they are covered too. This is
+The report files' and the copied tokenizer files' sha256 are part of the body, so they are covered too;
+``README.md`` and ``config.json`` are not (no output depends on them, and Hub cards get edited). This is
 protection against accidents and naive edits, not a signature: whoever can
 rewrite both files can forge an artifact.
 

@@ -109,6 +109,7 @@ FORBIDDEN = {
                            "ptq_protein.search", "ptq_protein.workflows"),
     "ptq_protein.search": ("ptq_protein.cli",),
     "ptq_protein.workflows": ("ptq_protein.cli",),
+    "ptq_protein.interop": ("ptq_protein.cli",),
     "ptq_protein.site_plan": ("ptq_protein.calibration", "ptq_protein.nn", "ptq_protein.models", "ptq_protein.api",
                               "ptq_protein.artifact", "ptq_protein.cli", "ptq_protein.eval", "ptq_protein.search"),
     "ptq_protein.eval": ("ptq_protein.calibration", "ptq_protein.nn", "ptq_protein.models", "ptq_protein.quant",

@@ -43,24 +43,32 @@ def compare_names(args: argparse.Namespace, is_demo: bool) -> List[str]:
 
 
 def print_comparison(comparison: Dict[str, Any], demo: bool) -> None:
+    for line in comparison_lines(comparison, demo):
+        print(line)
+
+
+def comparison_lines(comparison: Dict[str, Any], demo: bool) -> List[str]:
+    """The fidelity table as printed (and copied into the model card)."""
+    lines: List[str] = []
     seqs = comparison["sequences"]
     lengths = "/".join(map(str, sorted(set(seqs["lengths"]))))
     size = f"cropped to {lengths} residues" if seqs["lengths"] != seqs["full_lengths"] else f"{lengths} residues"
-    print(f"fidelity vs the FP model ({'toolkit check, random weights: ' if demo else ''}{NOT_BIOLOGY})")
-    print(f"on {seqs['source']} ({', '.join(seqs['ids'])}; {size}):")
+    lines.append(f"fidelity vs the FP model ({'toolkit check, random weights: ' if demo else ''}{NOT_BIOLOGY})")
+    lines.append(f"on {seqs['source']} ({', '.join(seqs['ids'])}; {size}):")
     rows = comparison["rows"]
     structure = any("tm_vs_fp" in r for r in rows)
     key, label = ("tm_vs_fp", "TM vs FP") if structure else ("top1_agreement", "top-1 agreement")
     width = max(len("recipe"), *(len(r["recipe"]) for r in rows))
-    print(f"  {'recipe':<{width}}  bits W/A  rel. error  {label}")
+    lines.append(f"  {'recipe':<{width}}  bits W/A  rel. error  {label}")
     for row in rows:
         bits = f"{_bits(row['weight_bits'])}/{_bits(row['activation_bits'])}"
-        print(f"  {row['recipe']:<{width}}  {bits:>8}  {row['relative_error']:>10.4f}  {row[key]:>{len(label)}.4f}")
+        lines.append(f"  {row['recipe']:<{width}}  {bits:>8}  {row['relative_error']:>10.4f}  {row[key]:>{len(label)}.4f}")
         if "avg_bits" in row:
-            print(f"  note: {row['recipe']} is a mixed plan: widths per unit as shown, {row['avg_bits']:.2f} bits "
-                  "per value on average")
+            lines.append(f"  note: {row['recipe']} is a mixed plan: widths per unit as shown, {row['avg_bits']:.2f} "
+                         "bits per value on average")
     for name, note in comparison["calibration"]["notes"].items():
-        print(f"  note: {name} {note}")
+        lines.append(f"  note: {name} {note}")
+    return lines
 
 
 def _bits(value: Union[int, str, None]) -> str:

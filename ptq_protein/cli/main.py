@@ -23,6 +23,7 @@ _COMMAND_MODULES = (
     "ptq_protein.cli.eval_cmd",
     "ptq_protein.cli.sensitivity_cmd",
     "ptq_protein.cli.structure_cmds",
+    "ptq_protein.cli.export_cmd",
 )
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2

@@ -9,7 +9,7 @@ from pathlib import Path
 from ptq_protein.cli.auto_opts import add_auto_options, auto_budget, run_auto
 from ptq_protein.cli.common import (CPU_CALIB_MAX_LENGTH, add_batch_size_option, add_calib_crop_option, add_json_option,
                                     add_runtime_options, calib_crop, print_json, show_progress)
-from ptq_protein.cli.compare_table import add_check_options, compare_names, print_comparison
+from ptq_protein.cli.compare_table import add_check_options, compare_names, comparison_lines, print_comparison
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, load_float_model
 
 EXAMPLES = """examples:
@@ -120,7 +120,15 @@ def run(args: argparse.Namespace) -> int:
                                                         "notes": notes})
         summary["fidelity_vs_fp"] = comparison.pop("main_metrics")
         summary["comparison"] = comparison
+        _card_fidelity(out, comparison, demo)
     return _report(summary, args, demo)
+
+
+def _card_fidelity(out: Path, comparison: dict, demo: bool) -> None:
+    """Put the fidelity table, as printed, into the artifact's model card (the card is outside the seal)."""
+    from ptq_protein.model_card import write_model_card
+
+    write_model_card(out, "```text\n" + "\n".join(comparison_lines(comparison, demo)) + "\n```")
 
 
 def _check_recipes(args: argparse.Namespace, recipe: str, budget) -> None:

@@ -198,6 +198,18 @@ def _esm_alphabet():
     return _ALPHABET
 
 
+def _rotary_tables_follow_dtype(module: nn.Module, args: Any) -> None:
+    """Forget fair-esm RotaryEmbedding's cos/sin tables when the module's dtype changed.
+
+    fair-esm caches them by length and device but not dtype: after one float32
+    forward, ``model.half()`` would mix float32 q/k with half v ("expected m1 and
+    m2 to have the same dtype").
+    """
+    cached = getattr(module, "_cos_cached", None)
+    if cached is not None and cached.dtype != module.inv_freq.dtype:
+        module._seq_len_cached = None
+
+
 class FairEsmAdapter(ModelAdapter):
     """fair-esm ``ESM2`` and ``ProteinBertModel`` (ESM-1b/1v): layers run in (T, B, C)."""
 
@@ -213,6 +225,9 @@ class FairEsmAdapter(ModelAdapter):
         for module in model.modules():
             if hasattr(module, "enable_torch_version"):
                 module.enable_torch_version = False
+            if hasattr(module, "_seq_len_cached") and not getattr(module, "_ptq_dtype_hook", False):
+                module.register_forward_pre_hook(_rotary_tables_follow_dtype)
+                module._ptq_dtype_hook = True
         # integer models run attention (when no map is asked for) and GELU as single fused calls
         from ptq_protein.models.fused_float import use_fused_float_
 

@@ -30,7 +30,10 @@ def describe_architecture(model: nn.Module) -> Dict[str, Any]:
     if name == "ProteinBertModel":
         return {"library": "fair-esm", "class": "ProteinBertModel", "args": dict(vars(model.args))}
     if hasattr(model, "config") and hasattr(model.config, "to_dict"):
-        return {"library": "transformers", "class": name, "config": model.config.to_dict()}
+        desc = {"library": "transformers", "class": name, "config": model.config.to_dict()}
+        if name == "EsmModel" and getattr(model, "pooler", None) is None:  # e.g. EsmForMaskedLM's own .esm
+            desc["kwargs"] = {"add_pooling_layer": False}
+        return desc
     raise TypeError(f"cannot describe the architecture of {name} for an artifact")
 
 
@@ -58,5 +61,9 @@ def build_architecture(desc: Dict[str, Any]) -> nn.Module:
         model_cls = getattr(transformers, cls, None)
         if model_cls is None:
             raise ArtifactError(f"transformers has no class {cls}; install a transformers version that has it")
-        return model_cls(config)
+        kwargs = desc.get("kwargs") or {}
+        if set(kwargs) - {"add_pooling_layer"}:
+            raise ArtifactError(f"recipe.json gives {cls} the arguments {sorted(kwargs)}; ptq-protein passes only "
+                                "add_pooling_layer: the artifact is corrupt, re-run quantize")
+        return model_cls(config, **kwargs)
     raise ArtifactError(f"unknown architecture {library}/{cls} in recipe.json")

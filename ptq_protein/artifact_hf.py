@@ -1,0 +1,75 @@
+"""The files that let transformers open an artifact: ``config.json`` and the source's tokenizer files.
+
+``config.json`` is the source model's transformers config plus a
+``quantization_config`` (``quant_method: "ptq_protein"``, the recipe, the
+artifact format). ``import ptq_protein`` registers that method with
+transformers (:mod:`ptq_protein.interop.hf_hook`), so ``from_pretrained``
+rebuilds the model through :func:`ptq_protein.artifact.load` with its checks.
+
+Without ptq-protein, transformers must not load the integer tensors as if they
+were float weights (it would initialise every missing weight at random). The
+config's ``transformers_weights`` (the weights file transformers reads) is
+therefore a sentence saying what to install; transformers refuses it in its own
+one-line ``ValueError``, and the registered quantizer points it at the real file.
+
+The model is rebuilt only from the sealed ``recipe.json`` and tensors, so
+``config.json`` cannot change outputs; tokenizer files can (they map letters to
+ids), so their sha256 are part of the sealed recipe (``tokenizer_files``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from torch import nn
+
+__all__ = ["HF_CONFIG", "QUANT_METHOD", "INSTALL_HINT", "TOKENIZER_FILES", "hf_config", "tokenizer_source",
+           "copy_tokenizer_files"]
+
+HF_CONFIG = "config.json"
+QUANT_METHOD = "ptq_protein"
+INSTALL_HINT = ("this folder is a ptq-protein artifact: pip install ptq-protein, then import ptq_protein before "
+                "from_pretrained")
+# What transformers' ESM tokenizers read or write (EsmTokenizer: vocab.txt and the two JSON files).
+TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json",
+                   "added_tokens.json")
+
+
+def hf_config(qmodel: nn.Module, recipe_name: str, format_version: int) -> Optional[Dict[str, Any]]:
+    """``config.json`` of a transformers model (None for other models): its config plus ``quantization_config``."""
+    config = getattr(qmodel, "config", None)
+    if config is None or not hasattr(config, "to_dict") or not hasattr(qmodel, "save_pretrained"):
+        return None
+    out = config.to_dict()
+    out["architectures"] = [type(qmodel).__name__]
+    out["quantization_config"] = {"quant_method": QUANT_METHOD, "recipe": recipe_name,
+                                  "format_version": format_version}
+    out["transformers_weights"] = INSTALL_HINT
+    return json.loads(json.dumps(out, default=str))
+
+
+def tokenizer_source(qmodel: nn.Module, model_info: Optional[Dict[str, Any]]) -> Optional[Path]:
+    """The local folder the model was read from (the CLI's source, or transformers' ``name_or_path``), if any."""
+    candidates = [(model_info or {}).get("source"), getattr(getattr(qmodel, "config", None), "name_or_path", None)]
+    for candidate in candidates:
+        if isinstance(candidate, str) and candidate and Path(candidate).is_dir():
+            return Path(candidate)
+    return None
+
+
+def copy_tokenizer_files(source: Optional[Path], dest: Path) -> Dict[str, str]:
+    """Copy the tokenizer files ``source`` has into ``dest``; returns ``{name: sha256}`` of those copied."""
+    from ptq_protein.artifact_seal import file_sha256
+
+    copied: Dict[str, str] = {}
+    if source is None:
+        return copied
+    for name in TOKENIZER_FILES:
+        path = source / name
+        if path.is_file():  # a hub cache links its files: copy the content
+            shutil.copyfile(path, dest / name)
+            copied[name] = file_sha256(dest / name)
+    return copied

@@ -1,0 +1,196 @@
+"""transformers' view of an artifact: the ``ptq_protein`` quantization method, and a save that cannot break it.
+
+``from_pretrained(artifact)`` reads ``config.json`` (written by
+:func:`ptq_protein.artifact.save`), finds ``quant_method: "ptq_protein"`` and
+hands the model to :class:`PtqProteinQuantizer`. transformers builds its model
+and reads the tensor file as usual (the names do not match, so nothing useful is
+loaded, and the load report is silenced); after that the quantizer replaces the
+model's contents with :func:`ptq_protein.artifact.load`'s model: the same
+checks and the same modules, hence outputs equal to ``pp.load``'s bit for bit.
+
+``save_pretrained`` / ``push_to_hub`` of a model holding quantized modules write
+the artifact (:func:`save_pretrained`) or refuse in one line; transformers' own
+writer would store integer codes under names that reload as random weights.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from torch import nn
+from transformers.modeling_utils import PreTrainedModel
+from transformers.quantizers import auto as hf_auto
+from transformers.quantizers.base import HfQuantizer
+from transformers.utils.quantization_config import QuantizationConfigMixin
+
+from ptq_protein.artifact_hf import QUANT_METHOD
+
+__all__ = ["PtqProteinConfig", "PtqProteinQuantizer", "register", "save_pretrained", "push_to_hub"]
+
+
+class PtqProteinConfig(QuantizationConfigMixin):
+    """``quantization_config`` of an artifact: the recipe's name and the artifact format (all else is sealed)."""
+
+    def __init__(self, recipe: Optional[str] = None, format_version: Optional[int] = None, **kwargs: Any):
+        self.quant_method = QUANT_METHOD
+        self.recipe = recipe
+        self.format_version = format_version
+
+
+class PtqProteinQuantizer(HfQuantizer):
+    """Loads an artifact through :func:`ptq_protein.artifact.load` inside ``from_pretrained``."""
+
+    requires_calibration = True  # only pre-quantized folders: quantizing happens in ptq-protein
+
+    def __init__(self, quantization_config: PtqProteinConfig, **kwargs: Any):
+        super().__init__(quantization_config, **kwargs)
+        self.folder: Optional[Path] = None
+        self.device = "cpu"
+        self.dtype: Optional[torch.dtype] = None
+
+    def validate_environment(self, device_map: Any = None, **kwargs: Any) -> None:
+        if isinstance(device_map, dict) and set(device_map) == {""}:
+            device_map = device_map[""]
+        if device_map is not None and not isinstance(device_map, (str, torch.device, int)):
+            raise ValueError(f"device_map={device_map!r}: a ptq-protein artifact loads onto one device; pass "
+                             "device_map='cpu' or 'cuda'")
+        self.device = "cpu" if device_map is None else str(torch.device(device_map))
+
+    def update_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        self.dtype = dtype
+        return dtype
+
+    def update_attn_implementation(self, config):
+        from ptq_protein.artifact import TENSORS
+
+        config.transformers_weights = TENSORS  # the artifact's tensor file (the config names an install hint)
+        return config
+
+    def _process_model_before_weight_loading(self, model: PreTrainedModel, checkpoint_files=None, **kwargs: Any):
+        if not checkpoint_files:
+            raise ValueError("from_pretrained found no tensor file in the ptq-protein artifact; re-run quantize")
+        self.folder = Path(checkpoint_files[0]).parent
+        # transformers reads the integer tensors under names its model lacks; the whole model is replaced after
+        model._keys_to_ignore_on_load_missing = {".*"}
+        model._keys_to_ignore_on_load_unexpected = {".*"}
+        return model
+
+    def _process_model_after_weight_loading(self, model: PreTrainedModel, **kwargs: Any):
+        from ptq_protein.artifact import load
+
+        become(model, load(self.folder, device=self.device), self.folder)
+        model.config.quantization_config = self.quantization_config
+        model.hf_quantizer, model.is_quantized, model.quantization_method = self, True, QUANT_METHOD
+        if self.dtype is not None and self.dtype != torch.float32:
+            model.to(self.dtype)
+        return model
+
+    def is_serializable(self) -> bool:
+        return True  # save_pretrained writes the artifact (see save_pretrained below)
+
+    @property
+    def is_trainable(self) -> bool:
+        return False
+
+
+def become(model: PreTrainedModel, loaded: nn.Module, folder: Path) -> None:
+    """Make ``model`` the loaded quantized model (or its base model, e.g. ``EsmModel`` of ``EsmForMaskedLM``)."""
+    source = loaded
+    if type(loaded) is not type(model):
+        source = getattr(loaded, getattr(model, "base_model_prefix", ""), None)
+        if type(source) is not type(model):
+            raise ValueError(f"{folder} holds a quantized {type(loaded).__name__}; load it with "
+                             f"{type(loaded).__name__}.from_pretrained (or AutoModel), not {type(model).__name__}")
+    model.__dict__.clear()
+    model.__dict__.update(source.__dict__)
+    if source is not loaded:  # part of the model: keep the special-token context reset the whole model had
+        from ptq_protein.nn.modules import ActQuantizer
+
+        context = next((m.special_tokens for m in model.modules() if isinstance(m, ActQuantizer)), None)
+        if context is not None:
+            model.register_forward_hook(context.clear, always_call=True)
+        model.ptq_part_of = str(folder)
+    model.config.name_or_path = str(folder)
+
+
+def _holds_quantized_modules(model: nn.Module) -> bool:
+    from ptq_protein.calibration.matmul_sites import QuantMatmulHost
+    from ptq_protein.nn.modules import QuantInput, QuantLinear
+
+    return getattr(model, "ptq_state", None) is not None or any(
+        isinstance(m, (QuantLinear, QuantInput, QuantMatmulHost)) for m in model.modules())
+
+
+def save_pretrained(model: PreTrainedModel, save_directory, is_main_process: bool = True,
+                    state_dict: Optional[dict] = None, push_to_hub: bool = False, variant: Optional[str] = None,
+                    **kwargs: Any) -> None:
+    """``save_pretrained`` of a quantized model: the artifact (``pp.save``), into an empty or artifact folder."""
+    from ptq_protein.artifact import save
+
+    if state_dict is not None or variant is not None:
+        raise ValueError("save_pretrained(state_dict=/variant=) would write tensors that are not the quantized "
+                         "model; call save_pretrained(folder) alone (it writes a ptq-protein artifact)")
+    if getattr(model, "ptq_state", None) is None:
+        raise ValueError(f"this {type(model).__name__} holds quantized modules but is not a whole ptq-protein model "
+                         f"({getattr(model, 'ptq_part_of', 'modified by hand')}): save the model pp.quantize or "
+                         "pp.load returned, with pp.save")
+    if not is_main_process:
+        return
+    path = Path(save_directory)
+    if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+        path.rmdir()  # transformers writes into existing folders; pp.save fills a new one atomically
+    save(model, path, force=True, model_info=(getattr(model, "ptq_recipe", None) or {}).get("model"))
+    if push_to_hub:
+        _upload(path, kwargs.pop("repo_id", path.name), **kwargs)
+
+
+def push_to_hub(model: PreTrainedModel, repo_id: str, *, commit_message: Optional[str] = None,
+                private: Optional[bool] = None, token: Any = None, revision: Optional[str] = None,
+                create_pr: bool = False, **kwargs: Any) -> Any:
+    """``push_to_hub`` of a quantized model: the artifact folder, card included, uploaded as it is."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "artifact"
+        save_pretrained(model, folder)
+        return _upload(folder, repo_id, commit_message=commit_message, private=private, token=token,
+                       revision=revision, create_pr=create_pr)
+
+
+def _upload(folder: Path, repo_id: str, commit_message: Optional[str] = None, private: Optional[bool] = None,
+            token: Any = None, revision: Optional[str] = None, create_pr: bool = False, **_: Any) -> Any:
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)
+    repo = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+    return api.upload_folder(repo_id=repo, folder_path=str(folder), revision=revision, create_pr=create_pr,
+                             commit_message=commit_message or "Upload ptq-protein artifact")
+
+
+def _guard(name: str, ours):
+    """``PreTrainedModel.<name>`` that hands quantized models to ``ours`` and every other model to transformers."""
+    original = getattr(PreTrainedModel, name)
+
+    def method(self, *args: Any, **kwargs: Any):
+        if _holds_quantized_modules(self):
+            return ours(self, *args, **kwargs)
+        return original(self, *args, **kwargs)
+
+    method.__wrapped__, method.__name__, method.__doc__ = original, name, original.__doc__
+    method.ptq_protein_guard = True
+    return method
+
+
+def register() -> None:
+    """Register the method and config with transformers, and guard save_pretrained/push_to_hub (idempotent)."""
+    if QUANT_METHOD not in hf_auto.AUTO_QUANTIZATION_CONFIG_MAPPING:
+        hf_auto.register_quantization_config(QUANT_METHOD)(PtqProteinConfig)
+    if QUANT_METHOD not in hf_auto.AUTO_QUANTIZER_MAPPING:
+        hf_auto.register_quantizer(QUANT_METHOD)(PtqProteinQuantizer)
+    for name, ours in (("save_pretrained", save_pretrained), ("push_to_hub", push_to_hub)):
+        if not getattr(getattr(PreTrainedModel, name), "ptq_protein_guard", False):
+            setattr(PreTrainedModel, name, _guard(name, ours))
+
+
+register()  # importing this module first (before transformers' models) registers too

@@ -1,0 +1,206 @@
+"""``pp.export_onnx``: an artifact as an ONNX QDQ graph that ONNX Runtime (or any QDQ runtime) can run.
+
+What is exported: ESM-2 (fair-esm ``ESM2``, transformers ``EsmForMaskedLM`` /
+``EsmModel``) and the ESM-2 stem of ESMFold, whose quantized sites are uniform
+8-bit: weights per output channel, activations static per tensor or dynamic
+symmetric per token. Anything else is refused in one line naming the first site
+that cannot be written and why (PWLQ, FP8, 4-bit codes, per-channel activations,
+quantized matmul operands).
+
+The graph takes ``input_ids`` ``[batch, length]`` (ESM vocabulary, BOS/EOS and
+padding included, padding id 1) and returns ``logits`` (masked LMs),
+``last_hidden_state`` (``EsmModel``) or ``hidden_states`` ``[batch, length,
+layers + 1, channels]`` (ESMFold's stem, what its trunk reads). It is traced with
+torch's TorchScript exporter (``dynamo=False``, opset 17) on a padded batch, so
+fair-esm's padding branch is the one kept (it is also right without padding).
+
+Run it with :func:`ort_session`: ONNX Runtime otherwise rewrites a weight-only
+site (``DequantizeLinear`` -> ``MatMul``) as ``MatMulNBits`` at accuracy level 4,
+which quantizes that site's activations to int8 on the fly (0.5% relative error
+on the tiny ESM-2); the session option ``session.qdq_matmulnbits_accuracy_level
+= 0`` keeps it exact. Codes are uint8 on both sides, which ONNX Runtime's x86
+kernels compute exactly (see :mod:`ptq_protein.interop.onnx_qdq`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Iterator, List, Optional, Tuple, Union
+
+import torch
+from torch import nn
+
+from ptq_protein.config import Granularity, Scheme
+from ptq_protein.errors import InputError
+from ptq_protein.interop.onnx_qdq import OnnxActQuant, OnnxLinear, SpecialRows
+from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
+from ptq_protein.nn.special_tokens import SpecialTokenContext
+
+__all__ = ["export_onnx", "ort_session", "example_ids", "OPSET", "INSTALL_ONNX"]
+
+OPSET = 17
+INSTALL_ONNX = "ONNX export needs the onnx extra: pip install 'ptq-protein[onnx]' (onnx and onnxruntime)"
+_EXAMPLE_LENGTHS = (7, 4)  # residues of the two traced sequences: a padded batch, batch != length
+
+
+def export_onnx(artifact: Union[str, Path], out: Union[str, Path], *, force: bool = False) -> Path:
+    """Write the artifact's model as ONNX QDQ to the file ``out``; refuse what QDQ cannot express, in one line."""
+    try:
+        import onnx  # noqa: F401  (the exporter writes through it)
+    except ImportError as err:
+        raise InputError(INSTALL_ONNX) from err
+    from ptq_protein.artifact import load
+    from ptq_protein.io_utils import atomic_write_bytes, check_out_path
+
+    out = Path(out)
+    check_out_path(out, force=force, what="ONNX file")  # before loading: refused in words, not after the export
+    if out.is_dir():
+        raise InputError(f"--out {out} is a folder; name the .onnx file to write, e.g. {out / 'model.onnx'}")
+    model = load(artifact)
+    wrapper, output = _wrap(model)
+    check_exportable(wrapper.exported, model.ptq_recipe["sites"], wrapper.prefix)
+    _swap_sites(wrapper.exported, wrapper.rows)
+    ids = example_ids()
+    with _tracing(wrapper), torch.no_grad():
+        buffer = _export_bytes(wrapper, ids, output)
+    atomic_write_bytes(out, buffer)
+    return out
+
+
+def ort_session(path: Union[str, Path], threads: Optional[int] = None):
+    """An ONNX Runtime CPU session for an exported file, with the options that keep it exact (see above)."""
+    try:
+        import onnxruntime as ort
+    except ImportError as err:
+        raise InputError(INSTALL_ONNX) from err
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
+    if threads is not None:
+        options.intra_op_num_threads = options.inter_op_num_threads = threads
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def example_ids(lengths: Tuple[int, ...] = _EXAMPLE_LENGTHS) -> torch.Tensor:
+    """ESM token ids of a padded batch (BOS ... EOS, padding 1)."""
+    ids = torch.ones(len(lengths), max(lengths) + 2, dtype=torch.long)
+    gen = torch.Generator().manual_seed(0)
+    for row, n in enumerate(lengths):
+        ids[row, 0], ids[row, n + 1] = 0, 2
+        ids[row, 1:n + 1] = torch.randint(4, 24, (n,), generator=gen)
+    return ids
+
+
+def check_exportable(model: nn.Module, sites: dict, prefix: str) -> None:
+    """One line for the first site QDQ cannot express (sites outside the exported part are ignored)."""
+    for name, entry in sites.items():
+        if not name.startswith(prefix):
+            continue
+        if entry["kind"] == "matmul":
+            raise InputError(f"site {name}: quantized matmul operands have no ONNX QDQ form here; export a recipe "
+                             "without matmul sites")
+        module = model.get_submodule(name[len(prefix):])
+        reason = _unexpressible(module)
+        if reason:
+            raise InputError(f"site {name}: {reason}; ONNX export covers uniform 8-bit recipes "
+                             "(w8a8-uniform, w8a8-dynamic, w8-only)")
+
+
+def _unexpressible(module: nn.Module) -> Optional[str]:
+    if isinstance(module, QuantLinear):
+        spec = module.weight_spec
+        if spec is not None and (spec.scheme is not Scheme.UNIFORM or spec.bits != 8 or module.weight_codebook):
+            return f"weights are {spec.describe()}, not 8-bit uniform"
+    quant = getattr(module, "input_quant", None)
+    if quant is None:
+        return None
+    spec = quant.spec
+    if spec.scheme is Scheme.PWLQ:
+        return "PWLQ activations are not exported (an integer-friendly PWLQ form is not available yet)"
+    if spec.scheme is not Scheme.UNIFORM or spec.bits != 8:
+        return f"activations are {spec.describe()}, not 8-bit uniform"
+    if spec.dynamic and (spec.granularity is not Granularity.PER_TOKEN or not spec.symmetric):
+        return f"dynamic activations are {spec.describe()}; only symmetric per-token ones are exported"
+    if not spec.dynamic and quant.scale.numel() != 1:
+        return "static activations are per channel; only per-tensor ones are exported"
+    return None
+
+
+def _swap_sites(model: nn.Module, rows: SpecialRows) -> None:
+    from ptq_protein.calibration.sites import set_module
+
+    for name, module in list(model.named_modules()):
+        if isinstance(module, QuantLinear):
+            set_module(model, name, OnnxLinear(module, rows))
+        elif isinstance(module, QuantInput):
+            module.input_quant = OnnxActQuant(module.input_quant, rows)
+
+
+class _Exported(nn.Module):
+    """``input_ids -> output`` around the model (or ESMFold's stem), with the BOS/EOS positions set from the ids."""
+
+    def __init__(self, model: nn.Module, kind: str, prefix: str):
+        super().__init__()
+        self.exported, self.kind, self.prefix = model, kind, prefix
+        quants = [m for m in model.modules() if isinstance(m, ActQuantizer) and m.special_tokens is not None]
+        self.context: Optional[SpecialTokenContext] = quants[0].special_tokens if quants else None
+        self.rows = SpecialRows()
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.context is not None:  # BOS/EOS rows stay float: [B, T, 1], or [T, B, 1] in fair-esm's layers
+            special = torch.zeros_like(input_ids, dtype=torch.bool)
+            for idx in self.context.special_ids:
+                special = special | (input_ids == idx)
+            self.rows.mask = (special.t() if self.kind == "fair-esm" else special)[..., None]
+        if self.kind == "fair-esm":
+            return self.exported(input_ids)["logits"]
+        out = self.exported(input_ids=input_ids, attention_mask=(input_ids != 1).long(),
+                            output_hidden_states=self.kind == "stem")
+        if self.kind == "stem":
+            return torch.stack(out.hidden_states, dim=2)
+        return out.logits if self.kind == "masked-lm" else out.last_hidden_state
+
+
+def _wrap(model: nn.Module) -> Tuple[_Exported, str]:
+    name = type(model).__name__
+    if name == "ESM2":
+        return _Exported(model, "fair-esm", ""), "logits"
+    if name == "EsmForMaskedLM":
+        return _Exported(model, "masked-lm", ""), "logits"
+    if name == "EsmModel":
+        return _Exported(model, "base", ""), "last_hidden_state"
+    if name == "EsmForProteinFolding":
+        return _Exported(model.esm, "stem", "esm."), "hidden_states"
+    raise InputError(f"ONNX export covers ESM-2 (fair-esm ESM2, EsmForMaskedLM, EsmModel) and ESMFold's ESM-2 stem, "
+                     f"not {name}")
+
+
+@contextlib.contextmanager
+def _tracing(wrapper: _Exported) -> Iterator[None]:
+    """Hooks that read token ids from the embedding (``torch.isin``) are set aside: the wrapper sets the ids."""
+    saved: List[Tuple[dict, dict]] = []
+    for module in wrapper.exported.modules():
+        for hooks in (module._forward_pre_hooks, module._forward_hooks):
+            ours = {k: h for k, h in hooks.items() if isinstance(getattr(h, "__self__", None), SpecialTokenContext)}
+            for key in ours:
+                del hooks[key]
+            saved.append((hooks, ours))
+    try:
+        yield
+    finally:
+        for hooks, ours in saved:
+            hooks.update(ours)
+        wrapper.rows.mask = None
+
+
+def _export_bytes(wrapper: nn.Module, ids: torch.Tensor, output: str) -> bytes:
+    import io
+    import warnings
+
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer warnings about Python bools: the padded branch is the kept one
+        torch.onnx.export(wrapper, (ids,), buffer, input_names=["input_ids"], output_names=[output],
+                          dynamic_axes={"input_ids": {0: "batch", 1: "length"}, output: {0: "batch", 1: "length"}},
+                          opset_version=OPSET, dynamo=False, do_constant_folding=False)
+    return buffer.getvalue()
