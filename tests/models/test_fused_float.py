@@ -19,32 +19,29 @@ from tiny_fixtures import SEQS
 esm_mha = pytest.importorskip("esm.multihead_attention")
 
 
-@pytest.fixture()
-def gelu_calls(monkeypatch):
-    """Counts ``F.gelu`` calls (the fused layer's GELU; fair-esm's own is erf arithmetic)."""
+def _count_calls(monkeypatch, name):
+    """A one-element list counting calls of ``F.<name>``."""
     calls = [0]
-    real = F.gelu
+    real = getattr(F, name)
 
     def counting(*args, **kwargs):
         calls[0] += 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(F, "gelu", counting)
+    monkeypatch.setattr(F, name, counting)
     return calls
+
+
+@pytest.fixture()
+def gelu_calls(monkeypatch):
+    """``F.gelu`` calls (the fused layer's GELU; fair-esm's own is erf arithmetic)."""
+    return _count_calls(monkeypatch, "gelu")
 
 
 @pytest.fixture()
 def sdpa_calls(monkeypatch):
-    """Counts ``F.scaled_dot_product_attention`` calls (the fused path's only attention call)."""
-    calls = [0]
-    real = F.scaled_dot_product_attention
-
-    def counting(*args, **kwargs):
-        calls[0] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(F, "scaled_dot_product_attention", counting)
-    return calls
+    """``F.scaled_dot_product_attention`` calls (the fused path's only attention call)."""
+    return _count_calls(monkeypatch, "scaled_dot_product_attention")
 
 
 def _padded_tokens(model):
