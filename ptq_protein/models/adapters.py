@@ -228,6 +228,10 @@ class FairEsmAdapter(ModelAdapter):
             if hasattr(module, "_seq_len_cached") and not getattr(module, "_ptq_dtype_hook", False):
                 module.register_forward_pre_hook(_rotary_tables_follow_dtype)
                 module._ptq_dtype_hook = True
+        # integer models run attention (when no map is asked for) and GELU as single fused calls
+        from ptq_protein.models.fused_float import use_fused_float_
+
+        use_fused_float_(model)
 
     @contextlib.contextmanager
     def calibration_mode(self, model: nn.Module) -> Iterator[None]:

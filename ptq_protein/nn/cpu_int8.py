@@ -55,6 +55,7 @@ class Packed(NamedTuple):
     w_zero: torch.Tensor  # int64 zeros [N]: symmetric weights
     colsum: torch.Tensor  # sum_k W[n, k] (float32, exact below 2^24)
     in_features: int
+    memo: dict  # run-time choices of the split engine (cpu_int8_split): speed only, never the result
 
 
 def available() -> bool:
@@ -112,7 +113,7 @@ def prepack(codes: torch.Tensor, w_scale: torch.Tensor) -> Packed:
     weight = torch.ops.onednn.qlinear_prepack(codes, None)
     scale = w_scale.reshape(-1).to(torch.float32).expand(n).contiguous()
     colsum = codes.sum(dim=1, dtype=torch.int32).to(torch.float32)
-    return Packed(weight, scale, torch.zeros(n, dtype=torch.int64), colsum, k)
+    return Packed(weight, scale, torch.zeros(n, dtype=torch.int64), colsum, k, {})
 
 
 def unpack(packed: Packed) -> torch.Tensor:

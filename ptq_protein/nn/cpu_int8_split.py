@@ -48,12 +48,29 @@ def exact_accumulators(a: torch.Tensor, packed, x_zero: int = 0, whole: bool = F
     if hi <= SAFE_CODE and x_zero == 0 and not whole:
         return None
     if hi - lo >= _WINDOW:  # the window holding the most codes, if the codes outside it sit in few columns
-        acc = _window(a, packed, _busiest_window(a), x_zero, dense_tails=False)
+        acc = _sparse_window(a, packed, x_zero)
         if acc is not None:
             return acc
     # the window under the largest code; when it holds every code (hi - lo < 130) any shift in
     # [hi - SAFE_CODE, lo + 128] does, so one in [0, 126] (int8 operands)
     return _window(a, packed, max(hi - SAFE_CODE, 0), x_zero, dense_tails=True)
+
+
+def _sparse_window(a: torch.Tensor, packed, x_zero: int) -> Optional[torch.Tensor]:
+    """The sum through a window whose tails sit in few columns, or None.
+
+    The site's last such window first (a static site's codes keep their outlier
+    channels from batch to batch): the histogram runs only when it no longer fits.
+    Any window gives the same exact sum; the choice only moves work between the
+    GEMM and the column correction.
+    """
+    memo = packed.memo
+    if "shift" in memo:
+        acc = _window(a, packed, memo["shift"], x_zero, dense_tails=False)
+        if acc is not None:
+            return acc
+    memo["shift"] = _busiest_window(a)
+    return _window(a, packed, memo["shift"], x_zero, dense_tails=False)
 
 
 def _busiest_window(a: torch.Tensor) -> int:
@@ -85,8 +102,16 @@ def _window(a: torch.Tensor, packed, shift: int, x_zero: int, dense_tails: bool)
         return sum_post_op(acc, a.clamp(max=bottom).sub_(bottom), packed, 1.0, torch.ones_like(packed.w_scale))
     moved = a.index_select(1, cols).to(torch.int16) - shift
     tails = moved - moved.clamp(-128, SAFE_CODE)
-    weight = packed.weight.to_dense().index_select(0, cols).to(torch.float32)  # [C, N] codes
-    return acc.addmm_(tails.to(torch.float32), weight)
+    return acc.addmm_(tails.to(torch.float32), _column_codes(packed, cols).to(torch.float32))
+
+
+def _column_codes(packed, cols: torch.Tensor) -> torch.Tensor:
+    """Weight codes ``[C, N]`` (int8) of input columns ``cols``, kept for the next call with the same columns
+    (at most ``_SPARSE_COLS`` of the weight) instead of unpacking the whole weight each time."""
+    memo = packed.memo
+    if "cols" not in memo or not torch.equal(memo["cols"], cols):
+        memo["cols"], memo["col_codes"] = cols, packed.weight.to_dense().index_select(0, cols)
+    return memo["col_codes"]
 
 
 def _unit_gemm(a: torch.Tensor, packed, colsum_times: int) -> torch.Tensor:

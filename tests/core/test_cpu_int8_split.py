@@ -68,3 +68,23 @@ def test_busiest_window_holds_the_most_codes():
     held = ((a >= shift - 128) & (a <= shift + cpu_int8_split.SAFE_CODE)).sum()
     best = max(int(((a >= lo) & (a <= lo + 129)).sum()) for lo in range(-128, 127))  # brute force
     assert int(held) == best == 4
+
+
+def test_reused_window_and_columns_stay_exact_when_the_codes_move(calls):
+    """One packed weight, batches whose outlier columns and busiest window change: the window and column codes
+    kept from an earlier call are reused only while they fit, and every sum stays exact."""
+    gen = torch.Generator().manual_seed(3)
+    k, n = 64, 24
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
+    packed = cpu_int8.prepack(w, torch.ones(n))
+    batches = []
+    for low, cols in ((-7, [0, 5]), (-7, [0, 5]), (-7, [9, 40, 63]), (-120, [1]), (-7, [0, 5])):
+        a = torch.randint(low, low + 120, (9, k), dtype=torch.int8, generator=gen)
+        a[:, cols] = torch.randint(-128, 128, (9, len(cols)), dtype=torch.int8, generator=gen)
+        a[0, cols] = 127 if low > -100 else -128  # outside the busiest window
+        batches.append(a)
+    for a in batches:
+        acc = cpu_int8_split.exact_accumulators(a, packed, 0, whole=True)
+        assert torch.equal(acc.to(torch.int64), int_matmul(a, w).to(torch.int64))
+        assert torch.equal(packed.memo["col_codes"], w[:, packed.memo["cols"]].t())  # the kept columns' codes
+    assert calls["gemm"] == len(batches) and calls["sum"] == 0  # one GEMM + columns each time
