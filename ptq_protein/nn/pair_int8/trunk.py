@@ -1,0 +1,170 @@
+"""ESMFold's forward with the pair state in int8: the trunk, its recycling and the structure module's pair input.
+
+Mirrors transformers' ``EsmForProteinFolding.forward`` and ``EsmFoldingTrunk.forward``
+step for step, with three differences, all about the L x L tensors:
+
+* the pair state (and the recycled one) is an :class:`Int8Pair`, built and updated
+  by row chunks (:mod:`ptq_protein.nn.pair_int8.block`); the all-zero initial pair
+  ``s_z_0`` is never allocated (adding zeros changes nothing);
+* the structure module receives its pair input as :class:`PairRows`, which serves
+  the three uses it makes of it (LayerNorm, the IPA's pair bias linear, the IPA's
+  pair-weighted sum) by row chunks;
+* of the pair heads only pTM is computed (by row chunks, its maximum over rows is
+  exact); the distogram logits, the predicted aligned error and ``s_z`` (each a
+  float L x L tensor) are not returned.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ptq_protein.nn.pair_int8.block import block_forward, spans
+from ptq_protein.nn.pair_int8.holder import Int8Pair
+
+__all__ = ["forward_pair_int8", "PairRows", "DEFAULT_ROWS"]
+
+DEFAULT_ROWS = 64  # rows per chunk when the trunk runs unchunked (int8 pair operations always chunk)
+_STRUCTURE_KEYS = ("s_s", "frames", "sidechain_frames", "unnormalized_angles", "angles", "positions", "states")
+
+
+class PairRows:
+    """An :class:`Int8Pair` where the structure module expects a float pair tensor; served by row chunks."""
+
+    def __init__(self, pair: Int8Pair, rows: int) -> None:
+        self.pair, self.rows = pair, rows
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.pair.dtype
+
+    def to(self, *args, **kwargs) -> "PairRows":  # the IPA casts z to its own dtype, which is ours
+        return self
+
+    def _each_row(self, fn):
+        return [fn(span, self.pair.read(rows=span)) for span in spans(self.pair.shape[1], self.rows)]
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is nn.functional.layer_norm and isinstance(args[0], PairRows):
+            this = args[0]
+            b, n, _, c = this.pair.shape
+            out = Int8Pair(b, n, c, this.pair.dtype, this.pair.codes.device)
+            this._each_row(lambda span, x: out.write(func(x, *args[1:], **kwargs), rows=span))
+            return PairRows(out, this.rows)
+        if func is nn.functional.linear and isinstance(args[0], PairRows):
+            return torch.cat(args[0]._each_row(lambda span, x: func(x, *args[1:], **kwargs)), dim=1)
+        if func is torch.matmul and isinstance(args[1], PairRows):  # [B, I, H, J] @ [B, I, J, C]
+            return torch.cat(args[1]._each_row(lambda span, x: torch.matmul(args[0][:, span], x)), dim=1)
+        raise TypeError(f"the int8 pair state does not support {getattr(func, '__name__', func)}")
+
+
+def forward_pair_int8(model: nn.Module, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                      position_ids: Optional[torch.Tensor] = None, masking_pattern: Optional[torch.Tensor] = None,
+                      num_recycles: Optional[int] = None, **_: object):
+    """``EsmForProteinFolding.forward`` (inference) with an int8 pair state; bound to the model by ``use_pair_int8``."""
+    from transformers.models.esm.modeling_esmfold import EsmForProteinFoldingOutput, categorical_lddt
+    from transformers.models.esm.openfold_utils import make_atom14_masks
+
+    if masking_pattern is not None:
+        raise ValueError("masking_pattern (training) is not supported with int8 pair activations")
+    cfg = model.config.esmfold_config
+    aa = input_ids
+    batch, length = aa.shape
+    if attention_mask is None:
+        attention_mask = torch.ones_like(aa)
+    if position_ids is None:
+        position_ids = torch.arange(length, device=aa.device).expand_as(aa)
+    esm_s = model.compute_language_model_representations(model.af2_idx_to_esm_idx(aa, attention_mask))
+    esm_s = esm_s.to(model.esm_s_combine.dtype)
+    if cfg.esm_ablate_sequence:
+        esm_s = esm_s * 0
+    esm_s = (model.esm_s_combine.softmax(0).unsqueeze(0) @ esm_s.detach()).squeeze(2)
+    s_s_0 = model.esm_s_mlp(esm_s)
+    if cfg.embed_aa:
+        s_s_0 += model.embedding(aa)
+    rows = model.trunk.chunk_size or DEFAULT_ROWS
+    structure, pair = _trunk(model.trunk, s_s_0, aa, position_ids, attention_mask, num_recycles, rows)
+    structure = {k: v for k, v in structure.items() if k in _STRUCTURE_KEYS}
+    structure["lm_logits"] = model.lm_head(structure["s_s"])
+    structure["aatype"] = aa
+    make_atom14_masks(structure)
+    for key in ("atom14_atom_exists", "atom37_atom_exists"):
+        structure[key] *= attention_mask.unsqueeze(-1)
+    structure["residue_index"] = position_ids
+    lddt_head = model.lddt_head(structure["states"]).reshape(structure["states"].shape[0], batch, length, -1,
+                                                             model.lddt_bins)
+    structure["lddt_head"] = lddt_head
+    structure["plddt"] = categorical_lddt(lddt_head[-1], bins=model.lddt_bins)
+    structure["ptm"] = _ptm(model, pair, rows)
+    return EsmForProteinFoldingOutput(**structure)
+
+
+def _ptm(model: nn.Module, pair: Int8Pair, rows: int, max_bin: int = 31, eps: float = 1e-8) -> torch.Tensor:
+    """openfold's ``compute_tm`` (unit residue weights, as transformers calls it) by row chunks.
+
+    pTM is the largest over rows i of the mean over j of the expected TM term: each
+    row needs only its own logits, so the maximum of the chunks' maxima is exact.
+    """
+    from transformers.models.esm.openfold_utils.loss import _calculate_bin_centers
+
+    n, bins = pair.shape[1], model.distogram_bins
+    centers = _calculate_bin_centers(torch.linspace(0, max_bin, steps=bins - 1, device=pair.codes.device))
+    d0 = 1.24 * (max(n, 19) - 15) ** (1.0 / 3) - 1.8
+    tm_per_bin = 1.0 / (1 + centers ** 2 / d0 ** 2)
+    best = []
+    for span in spans(n, rows):
+        probs = nn.functional.softmax(model.ptm_head(pair.read(rows=span)), dim=-1)
+        best.append(torch.sum(torch.sum(probs * tm_per_bin, dim=-1) / (eps + n), dim=-1).max())
+    return torch.stack(best).max()
+
+
+def _trunk(trunk: nn.Module, s_s_0: torch.Tensor, aa: torch.Tensor, residx: torch.Tensor, mask: torch.Tensor,
+           no_recycles: Optional[int], rows: int):
+    """``EsmFoldingTrunk.forward`` with an int8 pair state: (structure module outputs, final pair state)."""
+    if no_recycles is None:
+        no_recycles = trunk.config.max_recycles
+    elif no_recycles < 0:
+        raise ValueError("Number of recycles must not be negative.")
+    else:
+        no_recycles += 1  # as transformers: the first pass is not a recycle
+    recycle_s = torch.zeros_like(s_s_0)
+    recycle_z: Optional[Int8Pair] = None
+    recycle_bins = torch.zeros(*s_s_0.shape[:2], s_s_0.shape[1], device=s_s_0.device, dtype=torch.int64)
+    for _ in range(no_recycles):
+        recycle_s = trunk.recycle_s_norm(recycle_s.detach())
+        z = _initial_pair(trunk, recycle_z, recycle_bins, residx, mask, rows, s_s_0.dtype)
+        s = s_s_0 + recycle_s
+        for block in trunk.blocks:
+            s, z = block_forward(block, s, z, mask, rows)
+        sm_pair = Int8Pair(*z.shape[:2], trunk.trunk2sm_z.out_features, z.dtype, z.codes.device)
+        for span in spans(z.shape[1], rows):
+            sm_pair.write(trunk.trunk2sm_z(z.read(rows=span)), rows=span)
+        structure = trunk.structure_module({"single": trunk.trunk2sm_s(s), "pair": PairRows(sm_pair, rows)}, aa,
+                                           mask.float())
+        del sm_pair
+        recycle_s, recycle_z = s, z
+        recycle_bins = type(trunk).distogram(structure["positions"][-1][:, :, :3], 3.375, 21.375, trunk.recycle_bins)
+    structure["s_s"] = s
+    return structure, z
+
+
+def _initial_pair(trunk: nn.Module, recycle_z: Optional[Int8Pair], bins: torch.Tensor, residx: torch.Tensor,
+                  mask: torch.Tensor, rows: int, dtype: torch.dtype) -> Int8Pair:
+    """recycle_z_norm(recycled pair) + recycle_disto(bins) + relative position embedding, by rows."""
+    batch, length = residx.shape
+    c_z = trunk.recycle_z_norm.normalized_shape[0]
+    out = Int8Pair(batch, length, c_z, dtype, residx.device)
+    position = trunk.pairwise_positional_embedding
+    for span in spans(length, rows):
+        previous = (torch.zeros(batch, span.stop - span.start, length, c_z, dtype=dtype, device=residx.device)
+                    if recycle_z is None else recycle_z.read(rows=span))
+        z = trunk.recycle_z_norm(previous) + trunk.recycle_disto(bins[:, span])
+        # EsmFoldRelativePosition.forward, rows `span` of its [B, L, L] index
+        diff = (residx[:, None, :] - residx[:, span, None]).clamp(-position.bins, position.bins) + position.bins + 1
+        diff[(mask[:, None, :] * mask[:, span, None]) == False] = 0  # noqa: E712 (transformers' test)
+        out.write(z + position.embedding(diff), rows=span)
+    return out
