@@ -27,6 +27,7 @@ def use_pair_int8(model: nn.Module, bits: Optional[int] = 8) -> nn.Module:
     if trunk is None or not hasattr(trunk, "blocks") or not hasattr(model, "compute_language_model_representations"):
         raise ValueError(f"int8 pair activations need an ESMFold model (EsmForProteinFolding), got "
                          f"{type(model).__name__}")
+    _check_modules(trunk)
     model.__dict__.pop("forward", None)
     if bits is not None:
         model.forward = types.MethodType(forward_pair_int8, model)
@@ -37,3 +38,18 @@ def use_pair_int8(model: nn.Module, bits: Optional[int] = 8) -> nn.Module:
 def pair_bits_of(model: nn.Module) -> Optional[int]:
     """The pair activation bits ``model`` runs with (None: float pairs)."""
     return getattr(model, "pair_bits", None)
+
+
+# The modules whose forward the int8 path re-runs by chunks from their parts: they must be transformers' own.
+_REPLAYED = {"seq_attention": "EsmFoldSelfAttention", "tri_mul_out": "EsmFoldTriangleMultiplicativeUpdate",
+             "tri_mul_in": "EsmFoldTriangleMultiplicativeUpdate", "sequence_to_pair": "EsmFoldSequenceToPair"}
+
+
+def _check_modules(trunk: nn.Module) -> None:
+    for i, block in enumerate(trunk.blocks):
+        for name, kind in _REPLAYED.items():
+            found = type(getattr(block, name)).__name__
+            if found != kind:
+                raise ValueError(f"int8 pair activations re-run trunk.blocks.{i}.{name} by chunks, but it is a "
+                                 f"{found} (quantized matmul operands?); drop 'matmul' from the recipe's kinds "
+                                 "or pair_bits")

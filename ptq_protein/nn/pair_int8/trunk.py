@@ -6,9 +6,9 @@ step for step, with three differences, all about the L x L tensors:
 * the pair state (and the recycled one) is an :class:`Int8Pair`, built and updated
   by row chunks (:mod:`ptq_protein.nn.pair_int8.block`); the all-zero initial pair
   ``s_z_0`` is never allocated (adding zeros changes nothing);
-* the structure module receives its pair input as :class:`PairRows`, which serves
-  the three uses it makes of it (LayerNorm, the IPA's pair bias linear, the IPA's
-  pair-weighted sum) by row chunks;
+* the structure module receives its pair input as :class:`PairRows`; the three uses
+  it makes of it (its LayerNorm, the IPA's pair-bias linear, the IPA's pair-weighted
+  sum) run by row chunks (:class:`RowWise` modules meanwhile, ``torch.matmul``);
 * of the pair heads only pTM is computed (by row chunks, its maximum over rows is
   exact); the distogram logits, the predicted aligned error and ``s_z`` (each a
   float L x L tensor) are not returned.
@@ -16,7 +16,8 @@ step for step, with three differences, all about the L x L tensors:
 
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+from typing import Iterator, Optional
 
 import torch
 from torch import nn
@@ -24,7 +25,7 @@ from torch import nn
 from ptq_protein.nn.pair_int8.block import block_forward, spans
 from ptq_protein.nn.pair_int8.holder import Int8Pair
 
-__all__ = ["forward_pair_int8", "PairRows", "DEFAULT_ROWS"]
+__all__ = ["forward_pair_int8", "PairRows", "RowWise", "pair_rows_in", "DEFAULT_ROWS"]
 
 DEFAULT_ROWS = 64  # rows per chunk when the trunk runs unchunked (int8 pair operations always chunk)
 _STRUCTURE_KEYS = ("s_s", "frames", "sidechain_frames", "unnormalized_angles", "angles", "positions", "states")
@@ -43,23 +44,48 @@ class PairRows:
     def to(self, *args, **kwargs) -> "PairRows":  # the IPA casts z to its own dtype, which is ours
         return self
 
-    def _each_row(self, fn):
+    def each_row(self, fn) -> list:
         return [fn(span, self.pair.read(rows=span)) for span in spans(self.pair.shape[1], self.rows)]
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is nn.functional.layer_norm and isinstance(args[0], PairRows):
-            this = args[0]
-            b, n, _, c = this.pair.shape
-            out = Int8Pair(b, n, c, this.pair.dtype, this.pair.codes.device)
-            this._each_row(lambda span, x: out.write(func(x, *args[1:], **kwargs), rows=span))
-            return PairRows(out, this.rows)
-        if func is nn.functional.linear and isinstance(args[0], PairRows):
-            return torch.cat(args[0]._each_row(lambda span, x: func(x, *args[1:], **kwargs)), dim=1)
-        if func is torch.matmul and isinstance(args[1], PairRows):  # [B, I, H, J] @ [B, I, J, C]
-            return torch.cat(args[1]._each_row(lambda span, x: torch.matmul(args[0][:, span], x)), dim=1)
+        if func is torch.matmul and isinstance(args[1], PairRows) and not kwargs:  # [B, I, H, J] @ [B, I, J, C]
+            return torch.cat(args[1].each_row(lambda span, x: torch.matmul(args[0][:, span], x)), dim=1)
         raise TypeError(f"the int8 pair state does not support {getattr(func, '__name__', func)}")
+
+
+class RowWise(nn.Module):
+    """Applies ``inner`` (any module: float, quantized) to a :class:`PairRows` row chunk by row chunk.
+
+    ``to_pair``: the result is a pair again (held in int8, as a LayerNorm's); else the
+    float results are concatenated (a narrow projection, as the IPA's pair bias).
+    """
+
+    def __init__(self, inner: nn.Module, to_pair: bool) -> None:
+        super().__init__()
+        self.inner, self.to_pair = inner, to_pair
+
+    def forward(self, x):
+        if not isinstance(x, PairRows):
+            return self.inner(x)
+        if not self.to_pair:
+            return torch.cat(x.each_row(lambda span, rows: self.inner(rows)), dim=1)
+        b, n, _, c = x.pair.shape
+        out = Int8Pair(b, n, c, x.pair.dtype, x.pair.codes.device)
+        x.each_row(lambda span, rows: out.write(self.inner(rows), rows=span))
+        return PairRows(out, x.rows)
+
+
+@contextlib.contextmanager
+def pair_rows_in(structure_module: nn.Module) -> Iterator[None]:
+    """The structure module's two modules that read the pair, made :class:`RowWise` meanwhile."""
+    ipa = structure_module.ipa
+    old = structure_module.layer_norm_z, ipa.linear_b
+    structure_module.layer_norm_z, ipa.linear_b = RowWise(old[0], True), RowWise(old[1], False)
+    try:
+        yield
+    finally:
+        structure_module.layer_norm_z, ipa.linear_b = old
 
 
 def forward_pair_int8(model: nn.Module, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
@@ -140,11 +166,12 @@ def _trunk(trunk: nn.Module, s_s_0: torch.Tensor, aa: torch.Tensor, residx: torc
         s = s_s_0 + recycle_s
         for block in trunk.blocks:
             s, z = block_forward(block, s, z, mask, rows)
-        sm_pair = Int8Pair(*z.shape[:2], trunk.trunk2sm_z.out_features, z.dtype, z.codes.device)
+        sm_pair = Int8Pair(*z.shape[:2], trunk.config.structure_module.pairwise_dim, z.dtype, z.codes.device)
         for span in spans(z.shape[1], rows):
             sm_pair.write(trunk.trunk2sm_z(z.read(rows=span)), rows=span)
-        structure = trunk.structure_module({"single": trunk.trunk2sm_s(s), "pair": PairRows(sm_pair, rows)}, aa,
-                                           mask.float())
+        with pair_rows_in(trunk.structure_module):
+            structure = trunk.structure_module({"single": trunk.trunk2sm_s(s), "pair": PairRows(sm_pair, rows)}, aa,
+                                               mask.float())
         del sm_pair
         recycle_s, recycle_z = s, z
         recycle_bins = type(trunk).distogram(structure["positions"][-1][:, :, :3], 3.375, 21.375, trunk.recycle_bins)
@@ -156,7 +183,7 @@ def _initial_pair(trunk: nn.Module, recycle_z: Optional[Int8Pair], bins: torch.T
                   mask: torch.Tensor, rows: int, dtype: torch.dtype) -> Int8Pair:
     """recycle_z_norm(recycled pair) + recycle_disto(bins) + relative position embedding, by rows."""
     batch, length = residx.shape
-    c_z = trunk.recycle_z_norm.normalized_shape[0]
+    c_z = trunk.config.pairwise_state_dim
     out = Int8Pair(batch, length, c_z, dtype, residx.device)
     position = trunk.pairwise_positional_embedding
     for span in spans(length, rows):
