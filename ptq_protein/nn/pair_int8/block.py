@@ -34,16 +34,20 @@ def spans(length: int, step: int) -> Iterator[slice]:
         yield slice(start, min(start + step, length))
 
 
-def block_forward(block: nn.Module, s: torch.Tensor, z: Int8Pair, mask: torch.Tensor, rows: int):
-    """(sequence state, new int8 pair state) of ``block`` on ``s`` [B, L, c_s] and ``z``; ``mask`` [B, L]."""
+def block_forward(block: nn.Module, s: torch.Tensor, z: Int8Pair, mask: torch.Tensor, rows: int, att_rows: int):
+    """(sequence state, new int8 pair state) of ``block`` on ``s`` [B, L, c_s] and ``z``; ``mask`` [B, L].
+
+    ``rows``: rows per chunk of the pair operations; ``att_rows``: of the triangle
+    attentions, whose logits are ``att_rows x heads x L x L`` (the trunk's chunk size).
+    """
     s = s + _sequence_attention(block, s, z, mask, rows)
     s = block.mlp_seq(s)
     z = _sequence_to_pair(block.sequence_to_pair, s, z, rows)
     pair_mask = (mask.unsqueeze(2) * mask.unsqueeze(1)).to(s.dtype)  # [B, L, L], as transformers' tri_mask
     z = _triangle_multiplication(block.tri_mul_out, z, pair_mask, rows, outgoing=True)
     z = _triangle_multiplication(block.tri_mul_in, z, pair_mask, rows, outgoing=False)
-    z = _triangle_attention(block.tri_att_start, z, pair_mask, rows, starting=True)
-    z = _triangle_attention(block.tri_att_end, z, pair_mask, rows, starting=False)
+    z = _triangle_attention(block.tri_att_start, z, pair_mask, att_rows, starting=True)
+    z = _triangle_attention(block.tri_att_end, z, pair_mask, att_rows, starting=False)
     return s, _row_map(z, rows, block.mlp_pair)
 
 

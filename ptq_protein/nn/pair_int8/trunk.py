@@ -6,9 +6,10 @@ step for step, with three differences, all about the L x L tensors:
 * the pair state (and the recycled one) is an :class:`Int8Pair`, built and updated
   by row chunks (:mod:`ptq_protein.nn.pair_int8.block`); the all-zero initial pair
   ``s_z_0`` is never allocated (adding zeros changes nothing);
-* the structure module receives its pair input as :class:`PairRows`; the three uses
-  it makes of it (its LayerNorm, the IPA's pair-bias linear, the IPA's pair-weighted
-  sum) run by row chunks (:class:`RowWise` modules meanwhile, ``torch.matmul``);
+* the structure module receives its pair input as :class:`PairRows`; its pair
+  LayerNorm and its invariant point attention run by row chunks meanwhile
+  (:class:`RowWise`, :class:`~ptq_protein.nn.pair_int8.ipa.RowChunkedIPA`: the IPA's
+  own L x L x heads x points tensors are larger than the pair);
 * of the pair heads only pTM is computed (by row chunks, its maximum over rows is
   exact); the distogram logits, the predicted aligned error and ``s_z`` (each a
   float L x L tensor) are not returned.
@@ -24,15 +25,16 @@ from torch import nn
 
 from ptq_protein.nn.pair_int8.block import block_forward, spans
 from ptq_protein.nn.pair_int8.holder import Int8Pair
+from ptq_protein.nn.pair_int8.ipa import RowChunkedIPA
 
-__all__ = ["forward_pair_int8", "PairRows", "RowWise", "pair_rows_in", "DEFAULT_ROWS"]
+__all__ = ["forward_pair_int8", "PairRows", "RowWise", "pair_rows_in", "ROWS"]
 
-DEFAULT_ROWS = 64  # rows per chunk when the trunk runs unchunked (int8 pair operations always chunk)
+ROWS = 64  # rows per chunk of the int8 pair operations (and of the triangle attentions when the trunk is unchunked)
 _STRUCTURE_KEYS = ("s_s", "frames", "sidechain_frames", "unnormalized_angles", "angles", "positions", "states")
 
 
 class PairRows:
-    """An :class:`Int8Pair` where the structure module expects a float pair tensor; served by row chunks."""
+    """An :class:`Int8Pair` passed where the structure module expects its float pair input."""
 
     def __init__(self, pair: Int8Pair, rows: int) -> None:
         self.pair, self.rows = pair, rows
@@ -41,51 +43,31 @@ class PairRows:
     def dtype(self) -> torch.dtype:
         return self.pair.dtype
 
-    def to(self, *args, **kwargs) -> "PairRows":  # the IPA casts z to its own dtype, which is ours
-        return self
-
-    def each_row(self, fn) -> list:
-        return [fn(span, self.pair.read(rows=span)) for span in spans(self.pair.shape[1], self.rows)]
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        if func is torch.matmul and isinstance(args[1], PairRows) and not kwargs:  # [B, I, H, J] @ [B, I, J, C]
-            return torch.cat(args[1].each_row(lambda span, x: torch.matmul(args[0][:, span], x)), dim=1)
-        raise TypeError(f"the int8 pair state does not support {getattr(func, '__name__', func)}")
-
 
 class RowWise(nn.Module):
-    """Applies ``inner`` (any module: float, quantized) to a :class:`PairRows` row chunk by row chunk.
+    """Applies ``inner`` (any module: float or quantized) to a :class:`PairRows` by row chunks, into a new one."""
 
-    ``to_pair``: the result is a pair again (held in int8, as a LayerNorm's); else the
-    float results are concatenated (a narrow projection, as the IPA's pair bias).
-    """
-
-    def __init__(self, inner: nn.Module, to_pair: bool) -> None:
+    def __init__(self, inner: nn.Module) -> None:
         super().__init__()
-        self.inner, self.to_pair = inner, to_pair
+        self.inner = inner
 
-    def forward(self, x):
-        if not isinstance(x, PairRows):
-            return self.inner(x)
-        if not self.to_pair:
-            return torch.cat(x.each_row(lambda span, rows: self.inner(rows)), dim=1)
+    def forward(self, x: PairRows) -> PairRows:
         b, n, _, c = x.pair.shape
         out = Int8Pair(b, n, c, x.pair.dtype, x.pair.codes.device)
-        x.each_row(lambda span, rows: out.write(self.inner(rows), rows=span))
+        for span in spans(n, x.rows):
+            out.write(self.inner(x.pair.read(rows=span)), rows=span)
         return PairRows(out, x.rows)
 
 
 @contextlib.contextmanager
-def pair_rows_in(structure_module: nn.Module) -> Iterator[None]:
-    """The structure module's two modules that read the pair, made :class:`RowWise` meanwhile."""
-    ipa = structure_module.ipa
-    old = structure_module.layer_norm_z, ipa.linear_b
-    structure_module.layer_norm_z, ipa.linear_b = RowWise(old[0], True), RowWise(old[1], False)
+def pair_rows_in(structure_module: nn.Module, rows: int) -> Iterator[None]:
+    """The structure module's pair LayerNorm and its IPA run by row chunks (:class:`RowWise`, :class:`RowChunkedIPA`)."""
+    old = structure_module.layer_norm_z, structure_module.ipa
+    structure_module.layer_norm_z, structure_module.ipa = RowWise(old[0]), RowChunkedIPA(old[1], rows)
     try:
         yield
     finally:
-        structure_module.layer_norm_z, ipa.linear_b = old
+        structure_module.layer_norm_z, structure_module.ipa = old
 
 
 def forward_pair_int8(model: nn.Module, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
@@ -112,8 +94,7 @@ def forward_pair_int8(model: nn.Module, input_ids: torch.Tensor, attention_mask:
     s_s_0 = model.esm_s_mlp(esm_s)
     if cfg.embed_aa:
         s_s_0 += model.embedding(aa)
-    rows = model.trunk.chunk_size or DEFAULT_ROWS
-    structure, pair = _trunk(model.trunk, s_s_0, aa, position_ids, attention_mask, num_recycles, rows)
+    structure, pair = _trunk(model.trunk, s_s_0, aa, position_ids, attention_mask, num_recycles)
     structure = {k: v for k, v in structure.items() if k in _STRUCTURE_KEYS}
     structure["lm_logits"] = model.lm_head(structure["s_s"])
     structure["aatype"] = aa
@@ -125,7 +106,7 @@ def forward_pair_int8(model: nn.Module, input_ids: torch.Tensor, attention_mask:
                                                              model.lddt_bins)
     structure["lddt_head"] = lddt_head
     structure["plddt"] = categorical_lddt(lddt_head[-1], bins=model.lddt_bins)
-    structure["ptm"] = _ptm(model, pair, rows)
+    structure["ptm"] = _ptm(model, pair, ROWS)
     return EsmForProteinFoldingOutput(**structure)
 
 
@@ -149,8 +130,9 @@ def _ptm(model: nn.Module, pair: Int8Pair, rows: int, max_bin: int = 31, eps: fl
 
 
 def _trunk(trunk: nn.Module, s_s_0: torch.Tensor, aa: torch.Tensor, residx: torch.Tensor, mask: torch.Tensor,
-           no_recycles: Optional[int], rows: int):
+           no_recycles: Optional[int]):
     """``EsmFoldingTrunk.forward`` with an int8 pair state: (structure module outputs, final pair state)."""
+    rows, att_rows = ROWS, trunk.chunk_size or ROWS
     if no_recycles is None:
         no_recycles = trunk.config.max_recycles
     elif no_recycles < 0:
@@ -163,13 +145,14 @@ def _trunk(trunk: nn.Module, s_s_0: torch.Tensor, aa: torch.Tensor, residx: torc
     for _ in range(no_recycles):
         recycle_s = trunk.recycle_s_norm(recycle_s.detach())
         z = _initial_pair(trunk, recycle_z, recycle_bins, residx, mask, rows, s_s_0.dtype)
+        recycle_z = None  # read: let it go before the blocks make theirs
         s = s_s_0 + recycle_s
         for block in trunk.blocks:
-            s, z = block_forward(block, s, z, mask, rows)
+            s, z = block_forward(block, s, z, mask, rows, att_rows)
         sm_pair = Int8Pair(*z.shape[:2], trunk.config.structure_module.pairwise_dim, z.dtype, z.codes.device)
         for span in spans(z.shape[1], rows):
             sm_pair.write(trunk.trunk2sm_z(z.read(rows=span)), rows=span)
-        with pair_rows_in(trunk.structure_module):
+        with pair_rows_in(trunk.structure_module, rows):
             structure = trunk.structure_module({"single": trunk.trunk2sm_s(s), "pair": PairRows(sm_pair, rows)}, aa,
                                                mask.float())
         del sm_pair
