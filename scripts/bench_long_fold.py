@@ -93,6 +93,50 @@ def child(model: str, mode: str, length: int) -> Dict:
             "predicted_bytes": predicted, "seconds": seconds, "threads": torch.get_num_threads()}
 
 
+def fidelity(model: str, length: int, num_recycles: int = 0) -> Dict:
+    """TM-score of the pair-int8 fold against the float fold, the pair state's relative error after each block,
+    and the share of pair vectors kept exact (crest factor over the threshold)."""
+    import copy
+
+    import torch
+
+    from ptq_protein.eval.bench.folding import fold_one
+    from ptq_protein.eval.structure import as_structure
+    from ptq_protein.eval.tmscore import tm_score
+    from ptq_protein.nn.pair_int8 import block as int8_block
+    from ptq_protein.nn.pair_int8 import use_pair_int8
+
+    net, seq = build(model), sequence(length)
+    float_pairs, int8_pairs, vectors = [], [], [0, 0]
+    hooks = [b.register_forward_hook(lambda m, i, o: float_pairs.append(o[1].detach().clone()))
+             for b in net.trunk.blocks]
+    pdb_fp = fold_one(net, seq, num_recycles=num_recycles, max_memory=1 << 40)[0]
+    for h in hooks:
+        h.remove()
+    original = int8_block.block_forward
+
+    def recording(*args, **kwargs):
+        s, z = original(*args, **kwargs)
+        int8_pairs.append(z.read(rows=slice(0, z.shape[1])))
+        vectors[0] += z.outlier_count
+        vectors[1] += z.codes[..., 0].numel()
+        return s, z
+
+    quantized = use_pair_int8(copy.deepcopy(net), 8)
+    int8_block.block_forward = recording
+    try:
+        import ptq_protein.nn.pair_int8.trunk as trunk_module
+
+        trunk_module.block_forward = recording
+        pdb_q = fold_one(quantized, seq, num_recycles=num_recycles, max_memory=1 << 40)[0]
+    finally:
+        int8_block.block_forward = trunk_module.block_forward = original
+    errors = [float((q - f).norm() / f.norm()) for q, f in zip(int8_pairs, float_pairs)]
+    tm = tm_score(as_structure(pdb_q), as_structure(pdb_fp), pairing="number").tm_score
+    return {"model": model, "length": length, "tm_vs_fp": tm, "pair_rel_error_per_block": errors,
+            "outlier_share": vectors[0] / max(vectors[1], 1), "note": "random weights: a toolkit check"}
+
+
 def run_row(model: str, mode: str, length: int, timeout: Optional[float]) -> Dict:
     cmd = [sys.executable, __file__, "--child", model, mode, str(length)]
     try:
@@ -136,9 +180,16 @@ def main(argv=None) -> int:
     p.add_argument("--budget-gib", type=float, default=16.0, help="memory budget for the longest-L column")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per row")
     p.add_argument("--out", help="write the rows as JSON here")
+    p.add_argument("--fidelity", nargs="*", metavar="MODEL:L",
+                   help="instead of memory rows: TM-score of pair int8 vs float and per-block pair error")
     args = p.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child[0], args.child[1], int(args.child[2]))))
+        return 0
+    if args.fidelity is not None:
+        for item in args.fidelity or ["tiny:128", "tiny:256", "real2:256"]:
+            name, length = item.split(":")
+            print(json.dumps(fidelity(name, int(length))), flush=True)
         return 0
     if args.rows is not None:
         plan = [(m, mode, int(n)) for m, mode, n in (r.split(":") for r in args.rows)]

@@ -7,8 +7,9 @@ the padding differ from the rest), so one scale per tensor or per channel would
 spend the 8 bits on the largest rows. A symmetric absmax scale per C-vector (the
 "token" of LightNobel's token-wise quantization) costs 4 bytes per C bytes of codes
 (3% at C = 128) and bounds each vector's error by its own range. What is left is
-the vectors whose range is dominated by one or two channels (crest factor
-max/RMS near sqrt(C)): their other channels lose most of their bits. Those are
+the vectors whose range is dominated by a few channels (crest factor max/RMS
+above :data:`OUTLIER_CREST`; a Gaussian vector's is about 2.5-3.5): their other
+channels lose most of their bits. Those are
 kept exactly, in float, in a side table (at most :data:`MAX_OUTLIER_FRACTION` of
 the vectors of each written chunk, the highest crest first): LightNobel's
 adaptive per-token precision reduced to two levels, int8 or float.
@@ -28,7 +29,7 @@ import torch
 __all__ = ["Int8Pair", "quantize_vectors", "OUTLIER_CREST", "MAX_OUTLIER_FRACTION"]
 
 QMAX = 127  # symmetric int8 codes [-127, 127]
-OUTLIER_CREST = 0.5  # a vector is an outlier when max|x| / RMS(x) > OUTLIER_CREST * sqrt(C)
+OUTLIER_CREST = 4.0  # a vector is an outlier when max|x| / RMS(x) > 4 (its other values keep < 1/32 of the codes)
 MAX_OUTLIER_FRACTION = 0.01  # at most 1% of a chunk's vectors kept in float
 _TINY = 1e-30
 
@@ -41,8 +42,8 @@ def quantize_vectors(x: torch.Tensor):
     codes = torch.round(xf / scales).clamp_(-QMAX, QMAX).to(torch.int8)
     rms = xf.pow(2).mean(dim=-1, keepdim=True).sqrt()
     crest = (absmax / rms.clamp_min(_TINY)).squeeze(-1)
-    outliers = crest > OUTLIER_CREST * math.sqrt(x.shape[-1])
-    cap = int(MAX_OUTLIER_FRACTION * crest.numel())
+    outliers = crest > OUTLIER_CREST
+    cap = math.ceil(MAX_OUTLIER_FRACTION * crest.numel())
     if int(outliers.sum()) > cap:  # keep the highest crest factors only
         keep = torch.zeros(crest.numel(), dtype=torch.bool, device=x.device)
         if cap:
