@@ -16,6 +16,7 @@ from typing import Iterator, Optional
 from torch import nn
 
 from ptq_protein.errors import InputError
+from ptq_protein.io_utils import env_flag
 from ptq_protein.models.fold_memory import CHUNK_CHOICES, FoldPlan, choose_plan, dims_of, predict_peak
 from ptq_protein.workflows.memory_budget import available_memory_bytes
 
@@ -31,11 +32,16 @@ class FoldRefused(InputError):
 
 
 def fold_budget(max_memory: Optional[int] = None) -> Optional[int]:
-    """Bytes the fold's process may use: ``max_memory``, else its resident bytes + ``MemAvailable`` (None: unknown)."""
+    """Bytes the fold's process may use: ``max_memory``, else its resident bytes + ``MemAvailable``.
+
+    None (no check): unknown, or ``PTQ_PROTEIN_SKIP_MEMORY_CHECK=1`` and no ``max_memory``.
+    """
     if max_memory is not None:
         if max_memory <= 0:
             raise InputError(f"max_memory={max_memory}: give a positive size, e.g. 16G")
         return int(max_memory)
+    if env_flag("PTQ_PROTEIN_SKIP_MEMORY_CHECK"):
+        return None
     available = available_memory_bytes()
     return None if available is None else available + _resident_bytes()
 

@@ -79,7 +79,7 @@ _SIZE_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 
 
 def parse_memory_size(text: Optional[str], option: str = "--max-memory") -> Optional[int]:
-    """Bytes of a size like ``16G``, ``16GiB``, ``512M`` or ``1e9``-free plain bytes (binary units: G = 2^30)."""
+    """Bytes of a size like ``16G``, ``16GiB``, ``512M`` or plain bytes (binary units: G = 2^30)."""
     if text is None:
         return None
     match = _SIZE.match(text)

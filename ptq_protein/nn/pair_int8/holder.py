@@ -37,10 +37,10 @@ _TINY = 1e-30
 def quantize_vectors(x: torch.Tensor):
     """(int8 codes, float32 scales [..., 1], outlier mask [...]) of ``x`` [..., C], one scale per C-vector."""
     xf = x.float()
-    absmax = xf.abs().amax(dim=-1, keepdim=True)
+    absmax = torch.linalg.vector_norm(xf, ord=math.inf, dim=-1, keepdim=True)
     scales = (absmax / QMAX).clamp_min(_TINY)
-    codes = torch.round(xf / scales).clamp_(-QMAX, QMAX).to(torch.int8)
-    rms = xf.pow(2).mean(dim=-1, keepdim=True).sqrt()
+    codes = (xf / scales).round_().clamp_(-QMAX, QMAX).to(torch.int8)
+    rms = torch.linalg.vector_norm(xf, dim=-1, keepdim=True) / math.sqrt(x.shape[-1])
     crest = (absmax / rms.clamp_min(_TINY)).squeeze(-1)
     outliers = crest > OUTLIER_CREST
     cap = math.ceil(MAX_OUTLIER_FRACTION * crest.numel())

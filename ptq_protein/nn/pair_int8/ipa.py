@@ -39,7 +39,7 @@ class RowChunkedIPA(nn.Module):
         square_mask = ipa.config.inf * (mask.unsqueeze(-1) * mask.unsqueeze(-2) - 1)
         outs = []
         for span in spans(s.shape[-2], self.rows):
-            zr = z.pair.read(rows=span)  # [B, r, L, C]
+            zr = z.read(span)  # [B, r, L, C]
             a = torch.matmul(q[:, span].permute(0, 2, 1, 3), k.permute(0, 2, 3, 1))  # [B, H, r, L]
             a *= math.sqrt(1.0 / (3 * ipa.hidden_dim))
             a += math.sqrt(1.0 / 3) * ipa.linear_b(zr).permute(0, 3, 1, 2)

@@ -6,10 +6,11 @@ step for step, with three differences, all about the L x L tensors:
 * the pair state (and the recycled one) is an :class:`Int8Pair`, built and updated
   by row chunks (:mod:`ptq_protein.nn.pair_int8.block`); the all-zero initial pair
   ``s_z_0`` is never allocated (adding zeros changes nothing);
-* the structure module receives its pair input as :class:`PairRows`; its pair
-  LayerNorm and its invariant point attention run by row chunks meanwhile
-  (:class:`RowWise`, :class:`~ptq_protein.nn.pair_int8.ipa.RowChunkedIPA`: the IPA's
-  own L x L x heads x points tensors are larger than the pair);
+* the structure module receives its pair input as :class:`PairRows`, a view of the
+  trunk's int8 state with ``trunk2sm_z`` and its LayerNorm applied to the rows read;
+  its invariant point attention runs by query rows meanwhile
+  (:class:`~ptq_protein.nn.pair_int8.ipa.RowChunkedIPA`: the IPA's own L x L x heads x
+  points tensors are larger than the pair);
 * of the pair heads only pTM is computed (by row chunks, its maximum over rows is
   exact); the distogram logits, the predicted aligned error and ``s_z`` (each a
   float L x L tensor) are not returned.
@@ -18,7 +19,7 @@ step for step, with three differences, all about the L x L tensors:
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -34,29 +35,32 @@ _STRUCTURE_KEYS = ("s_s", "frames", "sidechain_frames", "unnormalized_angles", "
 
 
 class PairRows:
-    """An :class:`Int8Pair` passed where the structure module expects its float pair input."""
+    """The structure module's pair input as a view of the trunk's int8 pair: ``transform`` of its rows, on read.
 
-    def __init__(self, pair: Int8Pair, rows: int) -> None:
-        self.pair, self.rows = pair, rows
+    Nothing pair-sized is stored for it: each read dequantizes rows of the trunk's
+    state and applies ``transform`` (``trunk2sm_z``, then the structure module's LayerNorm).
+    """
+
+    def __init__(self, pair: Int8Pair, rows: int, transform: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.pair, self.rows, self.transform = pair, rows, transform
 
     @property
     def dtype(self) -> torch.dtype:
         return self.pair.dtype
 
+    def read(self, span: slice) -> torch.Tensor:
+        return self.transform(self.pair.read(rows=span))
+
 
 class RowWise(nn.Module):
-    """Applies ``inner`` (any module: float or quantized) to a :class:`PairRows` by row chunks, into a new one."""
+    """``inner`` (any module: float or quantized) applied to a :class:`PairRows` when its rows are read."""
 
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
         self.inner = inner
 
     def forward(self, x: PairRows) -> PairRows:
-        b, n, _, c = x.pair.shape
-        out = Int8Pair(b, n, c, x.pair.dtype, x.pair.codes.device)
-        for span in spans(n, x.rows):
-            out.write(self.inner(x.pair.read(rows=span)), rows=span)
-        return PairRows(out, x.rows)
+        return PairRows(x.pair, x.rows, lambda rows: self.inner(x.transform(rows)))
 
 
 @contextlib.contextmanager
@@ -149,13 +153,9 @@ def _trunk(trunk: nn.Module, s_s_0: torch.Tensor, aa: torch.Tensor, residx: torc
         s = s_s_0 + recycle_s
         for block in trunk.blocks:
             s, z = block_forward(block, s, z, mask, rows, att_rows)
-        sm_pair = Int8Pair(*z.shape[:2], trunk.config.structure_module.pairwise_dim, z.dtype, z.codes.device)
-        for span in spans(z.shape[1], rows):
-            sm_pair.write(trunk.trunk2sm_z(z.read(rows=span)), rows=span)
         with pair_rows_in(trunk.structure_module, rows):
-            structure = trunk.structure_module({"single": trunk.trunk2sm_s(s), "pair": PairRows(sm_pair, rows)}, aa,
-                                               mask.float())
-        del sm_pair
+            structure = trunk.structure_module({"single": trunk.trunk2sm_s(s), "pair": PairRows(z, rows, trunk.trunk2sm_z)},
+                                               aa, mask.float())
         recycle_s, recycle_z = s, z
         recycle_bins = type(trunk).distogram(structure["positions"][-1][:, :, :3], 3.375, 21.375, trunk.recycle_bins)
     structure["s_s"] = s
