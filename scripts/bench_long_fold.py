@@ -32,9 +32,10 @@ from typing import Dict, List, Optional
 MODES = {  # name -> (dtype, chunk, pair_bits)
     "fp32": ("float32", None, None), "fp32-c128": ("float32", 128, None), "fp32-c64": ("float32", 64, None),
     "fp32-c32": ("float32", 32, None), "bf16-c64": ("bfloat16", 64, None), "pair8-c64": ("float32", 64, 8),
+    "pair8-c16": ("float32", 16, 8),
 }
 LENGTHS = (256, 512, 1024, 2048)
-QUICK = [("real2", "fp32", 128), ("real2", "fp32-c64", 256), ("real2", "pair8-c64", 256), ("tiny", "fp32", 128)]
+QUICK = [("real2", "fp32-c64", 256), ("real2", "pair8-c16", 256), ("tiny", "fp32", 256), ("tiny", "pair8-c16", 256)]
 _AA = "ACDEFGHIKLMNPQRSTVWY"
 
 
@@ -149,15 +150,13 @@ def run_row(model: str, mode: str, length: int, timeout: Optional[float]) -> Dic
 
 
 def longest_fitting(model: str, mode: str, budget: int) -> int:
-    """The longest L (step 16) whose predicted peak is within ``budget`` bytes."""
-    from ptq_protein.models.fold_memory import FoldPlan, dims_of, predict_peak
+    """The longest L whose predicted peak is within ``budget`` bytes, in this mode."""
+    import torch
+
+    from ptq_protein.eval.bench.fold_budget import longest_fitting as longest
 
     dtype, chunk, pair_bits = MODES[mode]
-    dims = dims_of(build(model), dtype_bytes=2 if dtype == "bfloat16" else 4)
-    length = 16
-    while predict_peak(dims, FoldPlan(length + 16, 1, chunk, pair_bits)) <= budget and length < 100_000:
-        length += 16
-    return length
+    return longest(build(model).to(getattr(torch, dtype)), budget, pair_bits, chunk)
 
 
 def table(rows: List[Dict]) -> str:
@@ -196,7 +195,8 @@ def main(argv=None) -> int:
     elif args.quick:
         plan = QUICK
     else:
-        plan = [("real2", mode, n) for n in LENGTHS for mode in MODES] + [("tiny", "fp32-c64", n) for n in (128, 256, 512)]
+        plan = [("real2", mode, n) for n in LENGTHS for mode in MODES if not (mode == "fp32" and n > 512)]
+        plan += [("tiny", mode, n) for n in (128, 256, 512) for mode in ("fp32", "fp32-c64", "pair8-c16")]
     rows = []
     for model, mode, length in plan:
         rows.append(run_row(model, mode, length, args.timeout))

@@ -18,7 +18,7 @@ from torch import nn
 from ptq_protein.errors import InputError
 from ptq_protein.io_utils import env_flag
 from ptq_protein.models.fold_memory import CHUNK_CHOICES, FoldPlan, choose_plan, dims_of, predict_peak
-from ptq_protein.workflows.memory_budget import available_memory_bytes
+from ptq_protein.workflows.memory_budget import available_memory_bytes, resident_bytes
 
 __all__ = ["FoldRefused", "planned_fold", "fold_budget", "longest_fitting"]
 
@@ -43,7 +43,7 @@ def fold_budget(max_memory: Optional[int] = None) -> Optional[int]:
     if env_flag("PTQ_PROTEIN_SKIP_MEMORY_CHECK"):
         return None
     available = available_memory_bytes()
-    return None if available is None else available + _resident_bytes()
+    return None if available is None else available + resident_bytes()
 
 
 @contextlib.contextmanager
@@ -95,14 +95,3 @@ def _refusal(model: nn.Module, length: int, budget: int, bits: Optional[int], sm
     if bits is None:
         text += f" (with --pair-bits 8: up to {longest_fitting(model, budget, 8, smallest)})"
     return text + "; raise --max-memory or use a machine with more memory"
-
-
-def _resident_bytes() -> int:
-    try:
-        with open("/proc/self/status", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
