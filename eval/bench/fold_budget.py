@@ -2,7 +2,8 @@
 
 The memory model is :mod:`ptq_protein.models.fold_memory`. The budget is
 ``max_memory`` bytes for the whole process, by default what it holds now plus
-what the machine has available (``MemAvailable``). Chunk sizes are tried from
+90% of what the machine has available (``MemAvailable``; the rest is headroom for
+the prediction's error). Chunk sizes are tried from
 the model's own (unchunked first when it runs unchunked) down to the smallest;
 the first whose predicted peak fits is used for this sequence only.
 """
@@ -25,6 +26,7 @@ __all__ = ["FoldRefused", "planned_fold", "fold_budget", "longest_fitting"]
 log = logging.getLogger(__name__)
 
 _GIB = 2 ** 30
+DEFAULT_SHARE = 0.9  # of MemAvailable, without --max-memory: headroom for the prediction's error
 
 
 class FoldRefused(InputError):
@@ -32,7 +34,7 @@ class FoldRefused(InputError):
 
 
 def fold_budget(max_memory: Optional[int] = None) -> Optional[int]:
-    """Bytes the fold's process may use: ``max_memory``, else its resident bytes + ``MemAvailable``.
+    """Bytes the fold's process may use: ``max_memory``, else its resident bytes + 90% of ``MemAvailable``.
 
     None (no check): unknown, or ``PTQ_PROTEIN_SKIP_MEMORY_CHECK=1`` and no ``max_memory``.
     """
@@ -43,7 +45,7 @@ def fold_budget(max_memory: Optional[int] = None) -> Optional[int]:
     if env_flag("PTQ_PROTEIN_SKIP_MEMORY_CHECK"):
         return None
     available = available_memory_bytes()
-    return None if available is None else available + resident_bytes()
+    return None if available is None else int(DEFAULT_SHARE * available) + resident_bytes()
 
 
 @contextlib.contextmanager

@@ -10,7 +10,8 @@ chunk size (query rows a time; unchunked: ``k = L``, the cubic term)::
     float pairs
     trunk  = N_PAIR B L^2 c_z b                pair-sized tensors of the trunk block and its recycling
            + N_SEQ_ATT B L^2 H_seq b           sequence attention: bias, logits, softmax
-           + N_TRI_ATT B H_pair L^2 min(k, L) b   triangle attention logits [k, H, L, L] (+ bias, softmax)
+           + N_TRI_ATT B H_pair L^2 min(k, L) b   triangle attention logits [k, H, L, L] (+ bias, softmax;
+                                               N_TRI_ATT_UNCHUNKED when unchunked)
     heads  = N_HEAD_PAIR B L^2 c_z b + N_BINS B L^2 bins b        distogram / pTM / PAE heads
     stem   = N_STEM_ATT B H_stem (L+2)^2 b     one ESM-2 layer's attention maps
 
@@ -42,9 +43,10 @@ RUNTIME_BYTES = 465 * 2 ** 20  # measured: Python + torch + transformers + the t
 CHUNK_CHOICES = (None, 512, 256, 128, 64, 32, 16, 8, 4)  # tried largest first (None: unchunked, the fastest)
 PAIR_INT8_ROWS = 64  # rows a chunk of the int8 pair operations (ptq_protein.nn.pair_int8.trunk.ROWS)
 # Fitted counts (see the module docstring): tensors alive at each phase's peak.
-N_PAIR = 10.5  # float pair-sized tensors: recycling inputs, the state, its update, LayerNorm, a, b, gate
+N_PAIR = 9.5  # float pair-sized tensors: recycling inputs, the state, its update, LayerNorm, a, b, gate
 N_SEQ_ATT = 4.0  # [H_seq, L, L] maps of the sequence attention (bias, permuted bias, logits, softmax)
-N_TRI_ATT = 1.8  # [k, H_pair, L, L] triangle attention logits (the softmax reuses the bias sum)
+N_TRI_ATT = 1.8  # [k, H_pair, L, L] triangle attention logits, chunked (the softmax reuses the bias sum)
+N_TRI_ATT_UNCHUNKED = 2.1  # the same, unchunked ([L, H_pair, L, L]: logits, bias sum and softmax overlap more)
 N_HEAD_PAIR = 2.0  # pair-sized tensors alive while the heads run (s_z, structure module pair)
 N_BINS = 4.5  # [L, L, bins] tensors of the distogram / pTM / PAE heads
 N_STEM_ATT = 4.0  # [H_stem, L+2, L+2] maps of one ESM-2 layer
@@ -101,7 +103,7 @@ def predict_peak(dims: FoldDims, plan: FoldPlan) -> int:
     n, b, batch = plan.length, dims.act_bytes, plan.batch
     area = batch * n * n  # B L^2
     rows = n if plan.chunk is None else min(plan.chunk, n)
-    tri_att = N_TRI_ATT * batch * dims.pair_heads * n * n * rows * b
+    tri_att = (N_TRI_ATT_UNCHUNKED if plan.chunk is None else N_TRI_ATT) * batch * dims.pair_heads * n * n * rows * b
     if plan.pair_bits is None:
         phases = [N_PAIR * area * dims.c_z * b + N_SEQ_ATT * area * dims.seq_heads * b + tri_att,
                   N_HEAD_PAIR * area * dims.c_z * b + N_BINS * area * dims.bins * b]
