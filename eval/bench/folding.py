@@ -95,7 +95,7 @@ def _fold_all(model: nn.Module, records: Sequence[Tuple[str, str]], paths: Dict[
             pdb, plddt, _ = fold_one(model, seq, *run)
         except FoldRefused as err:  # this one cannot fit: the others go on
             refused[seq_id] = f"{seq_id}: {err}"
-            log.warning("not folded: %s", refused[seq_id])
+            log.debug("not folded: %s", refused[seq_id])
             continue
         index[seq_id] = paths[seq_id].name
         atomic_write_text(index_path, json.dumps(index, indent=2, sort_keys=True) + "\n")  # before the PDB: always ours
