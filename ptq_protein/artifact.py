@@ -49,6 +49,7 @@ from ptq_protein.errors import ArtifactError
 from ptq_protein.io_utils import atomic_dir, check_out_path
 from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.nn.special_tokens import apply_special_tokens_
+from ptq_protein.nn.pair_int8 import use_pair_int8
 from ptq_protein.kernels.packing import pack_int4, unpack_int4
 from ptq_protein.quant.codebook import PiecewiseCodebook
 from ptq_protein.report import report_markdown
@@ -324,6 +325,8 @@ def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = N
         raise ArtifactError(f"artifact tensors do not fit the architecture (missing {missing[:3]}, unexpected "
                             f"{unexpected[:3]}); the artifact is corrupt or from another release: re-run quantize")
     apply_special_tokens_(model, adapter, config)
+    if config.pair_bits is not None:
+        use_pair_int8(model, config.pair_bits)
     sites = [Site(s["name"], SiteKind(s["kind"]), s["group"], s["module_type"], s["is_head"]) for s in recipe["site_list"]]
     calib = recipe.get("calibration")
     report = json.loads((path / REPORT_JSON).read_text())  # verified above: a plain file with the sealed sha256

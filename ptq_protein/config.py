@@ -223,6 +223,7 @@ _STUDY_SCHEMES = (Scheme.STUDY_UNIFORM, Scheme.STUDY_PWLQ)
 _STUDY_MAX_TOPK = 1000  # piecewise_quant/quant_acts.py:16 topk=1000 values stored per call
 
 
+_PAIR_BITS = (None, 8)
 _DEFAULT_EXCLUDE = ()  # heads are kept FP by the adapters' own rules, not by globs
 
 
@@ -241,6 +242,8 @@ class QuantConfig:
     floating point, two rows per sequence).
     ``study`` set (and only then) makes this a study-exact recipe: quantizers of
     ``Scheme.STUDY_*``, the study's calibration and W8 (:class:`StudyOptions`).
+    ``pair_bits=8`` holds ESMFold's pair activations in int8 while it folds
+    (:mod:`ptq_protein.nn.pair_int8`); None keeps them in floating point.
     """
 
     weights: Optional[TensorQuant] = TensorQuant(bits=8, granularity=Granularity.PER_CHANNEL)
@@ -256,6 +259,7 @@ class QuantConfig:
     special_tokens: SpecialTokens = SpecialTokens.FLOAT
     name: str = "custom"
     study: Optional[StudyOptions] = None
+    pair_bits: Optional[int] = None
     version: int = CONFIG_VERSION
 
     def __post_init__(self) -> None:
@@ -301,6 +305,8 @@ class QuantConfig:
                              "are FP8; run FP8 with backend='fake' (exact float8 simulation)")
         self._check_study()
         self._check_int8()
+        if self.pair_bits not in _PAIR_BITS:
+            raise ValueError(f"pair_bits={self.pair_bits!r}: use 8 (int8 pair activations) or None (float)")
         if self.version != CONFIG_VERSION:
             raise ValueError(f"config version {self.version} is not supported (this is version {CONFIG_VERSION}); re-quantize with this release")
 
@@ -359,6 +365,7 @@ class QuantConfig:
             "gptq": None if self.gptq is None else self.gptq.to_dict(),
             "special_tokens": self.special_tokens.value,
             **({} if self.study is None else {"study": self.study.to_dict()}),
+            **({} if self.pair_bits is None else {"pair_bits": self.pair_bits}),  # absent: float pairs, as before
         }
 
     @classmethod
@@ -384,4 +391,5 @@ class QuantConfig:
         a = "FP" if self.activations is None else self.activations.describe()
         a += f" (SmoothQuant alpha={self.smoothquant.alpha})" if self.smoothquant is not None else ""
         special = f"; BOS/EOS {self.special_tokens.value}" if self.activations is not None else ""
-        return f"{self.name}: weights {w}; activations {a}; sites {','.join(k.value for k in self.kinds)}{special}"
+        pair = "" if self.pair_bits is None else f"; pair activations int{self.pair_bits}"
+        return f"{self.name}: weights {w}; activations {a}; sites {','.join(k.value for k in self.kinds)}{special}{pair}"

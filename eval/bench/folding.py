@@ -10,10 +10,11 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from ptq_protein.eval.bench.fold_budget import FoldRefused, planned_fold
 from ptq_protein.io_utils import atomic_write_text, check_out_path, folder_lock, safe_stem
 from ptq_protein.progress import progress as progress_of
 
-__all__ = ["fold_one", "fold_to_pdbs", "require_esmfold"]
+__all__ = ["fold_one", "fold_to_pdbs", "require_esmfold", "FoldRefused"]
 
 log = logging.getLogger(__name__)
 
@@ -25,12 +26,19 @@ def require_esmfold(model: nn.Module) -> None:
 
 
 @torch.no_grad()
-def fold_one(model: nn.Module, sequence: str, num_recycles: Optional[int] = None) -> Tuple[str, float, torch.Tensor]:
-    """(PDB text with pLDDT 0-100 in the B-factors, mean pLDDT, CA coordinates [L, 3])."""
+def fold_one(model: nn.Module, sequence: str, num_recycles: Optional[int] = None,
+             max_memory: Optional[int] = None) -> Tuple[str, float, torch.Tensor]:
+    """(PDB text with pLDDT 0-100 in the B-factors, mean pLDDT, CA coordinates [L, 3]).
+
+    Checked first against the memory model (:func:`~ptq_protein.eval.bench.fold_budget.planned_fold`):
+    the largest chunk size within ``max_memory`` bytes (default: what the machine has available)
+    is used, and a sequence that cannot fit raises :class:`FoldRefused` before anything runs.
+    """
     from ptq_protein.models.adapters import HFEsmFoldAdapter
 
     adapter = HFEsmFoldAdapter(model)
-    output = adapter.forward(model, adapter.make_batch([sequence]), num_recycles=num_recycles)
+    with planned_fold(model, len(sequence), max_memory):
+        output = adapter.forward(model, adapter.make_batch([sequence]), num_recycles=num_recycles)
     output = {k: v for k, v in output.items() if torch.is_tensor(v)}
     plddt = output["plddt"]
     if float(plddt.max()) <= 1.0:  # transformers reports pLDDT in [0, 1]; PDB convention is 0-100
@@ -41,9 +49,14 @@ def fold_one(model: nn.Module, sequence: str, num_recycles: Optional[int] = None
 
 
 def fold_to_pdbs(model: nn.Module, records: Sequence[Tuple[str, str]], out_dir: Path,
-                 num_recycles: Optional[int] = None, progress: bool = False,
-                 force: bool = False) -> Dict[str, Tuple[float, Path]]:
+                 num_recycles: Optional[int] = None, progress: bool = False, force: bool = False,
+                 max_memory: Optional[int] = None,
+                 refused: Optional[Dict[str, str]] = None) -> Dict[str, Tuple[float, Path]]:
     """Fold each (id, sequence), write one PDB each atomically; returns {id: (mean pLDDT, path written)}.
+
+    A sequence that cannot fit in ``max_memory`` bytes (:func:`fold_one`) is not folded and
+    the others go on; its one-line reason goes into ``refused`` (id -> reason) when given,
+    else :class:`FoldRefused` is raised after the others are written.
 
     File names come from :func:`~ptq_protein.io_utils.safe_stem` (``a/b`` and ``a_b``
     get different files); ``out_dir/fold_index.json`` records id -> file. Existing PDBs
@@ -62,15 +75,25 @@ def fold_to_pdbs(model: nn.Module, records: Sequence[Tuple[str, str]], out_dir: 
         raise FileExistsError(f"{clash[0]} already exists ({len(clash)} PDB file(s) in the way); {hint}")
     out_dir.mkdir(parents=True, exist_ok=True)
     with folder_lock(out_dir):  # one fold per folder at a time: the index is read-modify-write
-        return _fold_all(model, records, paths, index, index_path, num_recycles, progress)
+        reasons: Dict[str, str] = {} if refused is None else refused
+        written = _fold_all(model, records, paths, index, index_path, (num_recycles, max_memory), progress, reasons)
+    if reasons and refused is None:
+        raise FoldRefused(f"{len(reasons)} sequence(s) not folded: " + "; ".join(reasons.values()))
+    return written
 
 
 def _fold_all(model: nn.Module, records: Sequence[Tuple[str, str]], paths: Dict[str, Path], index: Dict[str, str],
-              index_path: Path, num_recycles: Optional[int], progress: bool) -> Dict[str, Tuple[float, Path]]:
+              index_path: Path, run: Tuple[Optional[int], Optional[int]], progress: bool,
+              refused: Dict[str, str]) -> Dict[str, Tuple[float, Path]]:
     items = progress_of(records, "folding", "sequences", show=progress)
     written = {}
     for seq_id, seq in items:
-        pdb, plddt, _ = fold_one(model, seq, num_recycles)
+        try:
+            pdb, plddt, _ = fold_one(model, seq, *run)
+        except FoldRefused as err:  # this one cannot fit: the others go on
+            refused[seq_id] = f"{seq_id}: {err}"
+            log.debug("not folded: %s", refused[seq_id])
+            continue
         index[seq_id] = paths[seq_id].name
         atomic_write_text(index_path, json.dumps(index, indent=2, sort_keys=True) + "\n")  # before the PDB: always ours
         atomic_write_text(paths[seq_id], pdb)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
-from typing import Any
+from typing import Any, Optional
 
 
 def add_runtime_options(parser: argparse.ArgumentParser) -> None:
@@ -71,3 +72,17 @@ def add_tm_normalize_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tm-normalize", default="native", choices=["native", "sequence"],
                         help="TM-score/GDT length: the native's observed residues (default; 'TMscore MODEL NATIVE') "
                              "or the prediction's full sequence ('TMscore NATIVE MODEL', as the study ran it)")
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+_SIZE_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+
+
+def parse_memory_size(text: Optional[str], option: str = "--max-memory") -> Optional[int]:
+    """Bytes of a size like ``16G``, ``16GiB``, ``512M`` or plain bytes (binary units: G = 2^30)."""
+    if text is None:
+        return None
+    match = _SIZE.match(text)
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"{option} {text!r} is not a memory size; write e.g. 16G, 512M or 2.5GiB")
+    return int(float(match.group(1)) * 1024 ** _SIZE_POWERS[match.group(2).lower()])

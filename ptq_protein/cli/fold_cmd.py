@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ptq_protein.cli.common import add_json_option, add_runtime_options, print_json, resolve_device, show_progress
@@ -11,6 +12,11 @@ from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, is_artifac
 EXAMPLES = """examples:
   ptq-protein fold runs/tiny-esmfold-w8a8-pwlq --fasta targets.fasta --out preds/
   ptq-protein fold esmfold --fasta targets.fasta --out preds-fp/          # the float model, for comparison
+  ptq-protein fold esmfold --fasta long.fasta --out preds/ --pair-bits 8 --max-memory 16G   # long sequences
+
+Before each sequence the fold's peak memory is predicted: the largest chunk size that fits
+--max-memory is used, and a sequence that cannot fit is refused in one line (exit 2 at the end,
+the other sequences folded).
 """
 
 
@@ -23,6 +29,11 @@ def register(subparsers) -> None:
     p.add_argument("--fasta", required=True, help="sequences to fold (FASTA, .gz allowed)")
     p.add_argument("--out", required=True, help="folder for the PDB files")
     p.add_argument("--num-recycles", type=int, help="recycles (default: the model's)")
+    p.add_argument("--max-memory", metavar="SIZE",
+                   help="memory the fold may use, e.g. 16G (default: what this machine has available)")
+    p.add_argument("--pair-bits", type=int, choices=[8],
+                   help="hold the trunk's pair activations in int8 (token-wise scales): about a third of the "
+                        "memory, for sequences too long for float pairs")
     p.add_argument("--force", action="store_true",
                    help="replace PDBs an earlier fold wrote into --out (other files are never replaced)")
     add_model_options(p)
@@ -34,8 +45,10 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from ptq_protein.models.adapters import ESM2_MAX_RESIDUES, ESM_ALPHABET_LETTERS
     from ptq_protein.fasta import read_fasta
+    from ptq_protein.cli.common import parse_memory_size
     from ptq_protein.eval.bench.folding import fold_to_pdbs, require_esmfold
 
+    max_memory = parse_memory_size(args.max_memory)
     records = read_fasta(Path(args.fasta), alphabet=ESM_ALPHABET_LETTERS, max_length=ESM2_MAX_RESIDUES)
     if is_artifact(args.model):
         import ptq_protein as pp
@@ -48,15 +61,23 @@ def run(args: argparse.Namespace) -> int:
     else:
         model = load_float_model(args, args.model).model
     require_esmfold(model)
+    if args.pair_bits is not None:
+        from ptq_protein.nn.pair_int8 import use_pair_int8
+
+        use_pair_int8(model, args.pair_bits)
+    refused: dict = {}
     written = fold_to_pdbs(model, records, Path(args.out), args.num_recycles, progress=show_progress(args),
-                           force=args.force)
+                           force=args.force, max_memory=max_memory, refused=refused)
     if args.json:
         from ptq_protein.nn.int_exec import engine_used
 
         # engine: which integer GEMM ran (onednn = the CPU fast path, reference = exact torch/Triton), null for float/fake
         print_json({"out": args.out, "mean_plddt": {k: v[0] for k, v in written.items()},
-                    "pdb": {k: str(v[1]) for k, v in written.items()}, "engine": engine_used(model)})
+                    "pdb": {k: str(v[1]) for k, v in written.items()}, "engine": engine_used(model),
+                    "refused": refused})
     else:
         for seq_id, (plddt, path) in written.items():
             print(f"{seq_id}\tmean pLDDT {plddt:.1f}\t{path}")
-    return 0
+    for reason in refused.values():
+        print(f"ptq-protein fold: not folded: {reason}", file=sys.stderr)
+    return 2 if refused else 0

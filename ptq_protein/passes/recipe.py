@@ -22,6 +22,7 @@ from ptq_protein.passes.base import Pass
 from ptq_protein.passes.calibrate import CalibrateOurs
 from ptq_protein.passes.fit_activations import FitActivations
 from ptq_protein.passes.fold_smoothquant import FoldSmoothQuant
+from ptq_protein.passes.pair_int8 import PairInt8
 from ptq_protein.passes.report_rows import ReportRows
 from ptq_protein.passes.sequential_gptq import SequentialGptq
 from ptq_protein.passes.special_tokens import SpecialTokenRows
@@ -34,8 +35,8 @@ __all__ = ["Recipe", "resolve_recipe", "OUR_PASSES", "STUDY_PASSES"]
 
 # In order. Transforms that change the model come before the calibration that must see them.
 OUR_PASSES = (FoldSmoothQuant, SequentialGptq, CalibrateOurs, FitActivations, SwapModules, SpecialTokenRows,
-              ReportRows)
-STUDY_PASSES = (StudyCalibrate, StudyActivations, StudyW8)
+              ReportRows, PairInt8)
+STUDY_PASSES = (StudyCalibrate, StudyActivations, StudyW8, PairInt8)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ from typing import Optional, Tuple
 from ptq_protein.errors import InputError
 from ptq_protein.io_utils import env_flag
 
-__all__ = ["MemoryEstimate", "estimate_quantize_memory", "available_memory_bytes", "shortfall", "check_fits",
+__all__ = ["MemoryEstimate", "estimate_quantize_memory", "available_memory_bytes", "resident_bytes", "shortfall",
+           "check_fits",
            "choose_low_memory"]
 
 log = logging.getLogger(__name__)
@@ -67,10 +68,20 @@ def estimate_quantize_memory(weights_bytes: int, *, low_memory: bool, calibratio
 
 def available_memory_bytes() -> Optional[int]:
     """``MemAvailable`` from /proc/meminfo (Linux), else None (no check is made)."""
+    return _proc_bytes("/proc/meminfo", "MemAvailable:")
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (``VmRSS``, Linux), else 0."""
+    return _proc_bytes("/proc/self/status", "VmRSS:") or 0
+
+
+def _proc_bytes(path: str, key: str) -> Optional[int]:
+    """The ``key: N kB`` line of a /proc file, in bytes; None when unreadable."""
     try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
+        with open(path, encoding="ascii") as handle:
             for line in handle:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(key):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None

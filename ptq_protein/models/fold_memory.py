@@ -1,0 +1,126 @@
+"""How much memory an ESMFold fold needs: a model of the peak, by length, chunk size, dtype and pair precision.
+
+ESMFold's memory is dominated by tensors of L x L entries: the pair state
+(``c_z`` channels), the per-head maps of the attentions and the heads' bins.
+The peak of one fold is the largest of its phases, over what is always there
+(the Python runtime, :data:`RUNTIME_BYTES`, and the weights). ``b`` is the bytes
+of an activation (4 in float32, 2 in bfloat16), ``k`` the triangle attention's
+chunk size (query rows a time; unchunked: ``k = L``, the cubic term)::
+
+    float pairs
+    trunk  = N_PAIR B L^2 c_z b                pair-sized tensors of the trunk block and its recycling
+           + N_SEQ_ATT B L^2 H_seq b           sequence attention: bias, logits, softmax
+           + N_TRI_ATT B H_pair L^2 min(k, L) b   triangle attention logits [k, H, L, L] (+ bias, softmax;
+                                               N_TRI_ATT_UNCHUNKED when unchunked)
+    heads  = N_HEAD_PAIR B L^2 c_z b + N_BINS B L^2 bins b        distogram / pTM / PAE heads
+    stem   = N_STEM_ATT B H_stem (L+2)^2 b     one ESM-2 layer's attention maps
+
+    int8 pairs (ptq_protein.nn.pair_int8; r = PAIR_INT8_ROWS rows a chunk)
+    trunk  = N_PAIR_INT8 B L^2 (c_z + 4)       int8 codes + a float32 scale per c_z-vector:
+                                               the state, the next state, the triangle projections a and b
+           + N_CHUNK_ROWS B r L c_z b          float row chunks of one operation
+           + N_TRI_ATT B H_pair L^2 min(k, L) b + B L^2 (H_pair b + BINS_INDEX_BYTES)
+    struct = N_SM_INT8 B L^2 (c_z + 4) + B r L ipa_values b    the trunk's int8 state (read through
+                                               trunk2sm_z) and one query-row chunk of its point attention
+
+The counts ``N_*`` were fitted to peak RSS measured on a real-width ESMFold trunk
+and on ``tiny-esmfold`` at L = 384-512 (BENCHMARKS.md, "Long sequences"); below
+about 256 residues the allocator keeps freed blocks and the runtime dominates.
+The prediction is an estimate used to refuse or to choose a chunk size, never to
+change results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from torch import nn
+
+__all__ = ["FoldDims", "FoldPlan", "dims_of", "predict_peak", "choose_plan", "CHUNK_CHOICES", "RUNTIME_BYTES"]
+
+RUNTIME_BYTES = 465 * 2 ** 20  # measured: Python + torch + transformers + the toolkit, before any model
+CHUNK_CHOICES = (None, 512, 256, 128, 64, 32, 16, 8, 4)  # tried largest first (None: unchunked, the fastest)
+PAIR_INT8_ROWS = 64  # rows a chunk of the int8 pair operations (ptq_protein.nn.pair_int8.trunk.ROWS)
+# Fitted counts (see the module docstring): tensors alive at each phase's peak.
+N_PAIR = 9.5  # float pair-sized tensors: recycling inputs, the state, its update, LayerNorm, a, b, gate
+N_SEQ_ATT = 4.0  # [H_seq, L, L] maps of the sequence attention (bias, permuted bias, logits, softmax)
+N_TRI_ATT = 1.8  # [k, H_pair, L, L] triangle attention logits, chunked (the softmax reuses the bias sum)
+N_TRI_ATT_UNCHUNKED = 2.1  # the same, unchunked ([L, H_pair, L, L]: logits, bias sum and softmax overlap more)
+N_HEAD_PAIR = 2.0  # pair-sized tensors alive while the heads run (s_z, structure module pair)
+N_BINS = 4.5  # [L, L, bins] tensors of the distogram / pTM / PAE heads
+N_STEM_ATT = 4.0  # [H_stem, L+2, L+2] maps of one ESM-2 layer
+N_PAIR_INT8 = 4.0  # int8 pair tensors of an int8 triangle multiplication (state, next state, a, b)
+N_CHUNK_ROWS = 8.0  # float row chunks [r, L, c_z] alive in one int8 pair operation
+N_SM_INT8 = 1.0  # int8 pair tensors while the structure module runs (the trunk's state: its input is a view)
+BINS_INDEX_BYTES = 26  # per (i, j): int64 recycling bins + their float distances + 14 comparisons
+
+
+@dataclass(frozen=True)
+class FoldDims:
+    """What a fold's memory depends on, read from the model (:func:`dims_of`)."""
+
+    c_z: int
+    seq_heads: int
+    pair_heads: int
+    bins: int
+    stem_heads: int
+    weight_bytes: int
+    act_bytes: int = 4
+    ipa_values: int = 600  # values per (i, j) of the IPA's point attention: heads x (6 qk points + 3 v points + 2)
+
+
+@dataclass(frozen=True)
+class FoldPlan:
+    """One fold: ``length`` residues, ``batch`` sequences, triangle-attention ``chunk`` (None: unchunked)."""
+
+    length: int
+    batch: int = 1
+    chunk: Optional[int] = None
+    pair_bits: Optional[int] = None
+
+    def describe(self) -> str:
+        chunk = "unchunked" if self.chunk is None else f"chunk size {self.chunk}"
+        return chunk + ("" if self.pair_bits is None else f", pair int{self.pair_bits}")
+
+
+def dims_of(model: nn.Module, dtype_bytes: Optional[int] = None) -> FoldDims:
+    """The dimensions of a transformers ``EsmForProteinFolding`` (its config and parameters)."""
+    trunk = model.config.esmfold_config.trunk
+    sm = trunk.structure_module
+    params = list(model.parameters()) + list(model.buffers())
+    weights = sum(p.numel() * p.element_size() for p in params)
+    if dtype_bytes is None:
+        dtype_bytes = model.trunk.recycle_z_norm.weight.element_size()
+    return FoldDims(c_z=trunk.pairwise_state_dim, seq_heads=trunk.sequence_state_dim // trunk.sequence_head_width,
+                    pair_heads=trunk.pairwise_state_dim // trunk.pairwise_head_width, bins=int(model.distogram_bins),
+                    stem_heads=int(model.config.num_attention_heads), weight_bytes=weights, act_bytes=dtype_bytes,
+                    ipa_values=sm.num_heads_ipa * (6 * sm.num_qk_points + 3 * sm.num_v_points + 2))
+
+
+def predict_peak(dims: FoldDims, plan: FoldPlan) -> int:
+    """Predicted peak resident bytes of a process folding ``plan`` with a model of ``dims`` (runtime included)."""
+    n, b, batch = plan.length, dims.act_bytes, plan.batch
+    area = batch * n * n  # B L^2
+    rows = n if plan.chunk is None else min(plan.chunk, n)
+    tri_att = (N_TRI_ATT_UNCHUNKED if plan.chunk is None else N_TRI_ATT) * batch * dims.pair_heads * n * n * rows * b
+    if plan.pair_bits is None:
+        phases = [N_PAIR * area * dims.c_z * b + N_SEQ_ATT * area * dims.seq_heads * b + tri_att,
+                  N_HEAD_PAIR * area * dims.c_z * b + N_BINS * area * dims.bins * b]
+    else:
+        chunk = batch * min(PAIR_INT8_ROWS, n) * n * b
+        phases = [N_PAIR_INT8 * area * (dims.c_z + 4) + N_CHUNK_ROWS * chunk * dims.c_z + tri_att
+                  + area * (dims.pair_heads * b + BINS_INDEX_BYTES),
+                  N_SM_INT8 * area * (dims.c_z + 4) + chunk * dims.ipa_values]
+    phases.append(N_STEM_ATT * batch * dims.stem_heads * (n + 2) ** 2 * b)
+    return int(RUNTIME_BYTES + dims.weight_bytes + max(phases))
+
+
+def choose_plan(dims: FoldDims, length: int, budget: int, *, batch: int = 1, pair_bits: Optional[int] = None,
+                chunks: Sequence[Optional[int]] = CHUNK_CHOICES) -> Optional[FoldPlan]:
+    """The fastest plan (the largest chunk, unchunked first) whose predicted peak is within ``budget`` bytes, or None."""
+    for chunk in chunks:
+        plan = FoldPlan(length, batch, chunk, pair_bits)
+        if predict_peak(dims, plan) <= budget:
+            return plan
+    return None

@@ -1,0 +1,97 @@
+"""The fold's memory check: the memory model's shape, the chunk it picks, one-line refusals that spare the others."""
+
+import logging
+
+import pytest
+
+from ptq_protein.cli.common import parse_memory_size
+from ptq_protein.cli.main import main
+from ptq_protein.eval.bench.fold_budget import FoldRefused, longest_fitting, planned_fold
+from ptq_protein.models.fold_memory import CHUNK_CHOICES, PAIR_INT8_ROWS, FoldDims, FoldPlan, choose_plan, dims_of, predict_peak
+
+REAL = FoldDims(c_z=128, seq_heads=32, pair_heads=4, bins=64, stem_heads=20, weight_bytes=150 << 20)
+
+
+def test_the_pair_terms_grow_as_length_squared_and_the_unchunked_attention_as_its_cube():
+    base = predict_peak(REAL, FoldPlan(1, chunk=32))
+    quadratic = [predict_peak(REAL, FoldPlan(n, chunk=32)) - base for n in (1024, 2048)]
+    assert quadratic[1] / quadratic[0] == pytest.approx(4, rel=0.02)
+    cubic = [predict_peak(REAL, FoldPlan(n)) - predict_peak(REAL, FoldPlan(n, chunk=32)) for n in (1024, 2048)]
+    assert cubic[1] / cubic[0] == pytest.approx(8, rel=0.05)
+
+
+def test_smaller_chunks_bf16_and_int8_pairs_each_need_less():
+    n = 1024
+    peaks = [predict_peak(REAL, FoldPlan(n, chunk=c)) for c in (None, 128, 64, 32)]
+    assert peaks == sorted(peaks, reverse=True) and len(set(peaks)) == 4
+    bf16 = FoldDims(**{**REAL.__dict__, "act_bytes": 2})
+    assert predict_peak(bf16, FoldPlan(n, chunk=64)) < predict_peak(REAL, FoldPlan(n, chunk=64))
+    assert predict_peak(REAL, FoldPlan(n, chunk=64, pair_bits=8)) < 0.5 * predict_peak(REAL, FoldPlan(n, chunk=64))
+
+
+def test_choose_plan_takes_the_largest_chunk_that_fits_or_none():
+    n = 700
+    budget = (predict_peak(REAL, FoldPlan(n, chunk=64)) + predict_peak(REAL, FoldPlan(n, chunk=128))) // 2
+    assert choose_plan(REAL, n, budget).chunk == 64
+    assert choose_plan(REAL, n, 10 << 40).chunk is None
+    assert choose_plan(REAL, n, 1 << 20) is None
+
+
+def test_the_int8_row_chunk_is_the_runtimes():
+    from ptq_protein.nn.pair_int8.trunk import ROWS
+
+    assert PAIR_INT8_ROWS == ROWS
+
+
+def test_dims_are_read_from_the_model(esmfold):
+    dims = dims_of(esmfold)
+    assert (dims.c_z, dims.seq_heads, dims.pair_heads, dims.bins, dims.stem_heads) == (32, 4, 2, 64, 4)
+    assert dims.weight_bytes == 4 * sum(p.numel() for p in esmfold.parameters()) + sum(
+        b.numel() * b.element_size() for b in esmfold.buffers())
+
+
+def test_planned_fold_sets_the_chunk_for_one_fold_and_says_so(esmfold, caplog):
+    dims = dims_of(esmfold)
+    budget = (predict_peak(dims, FoldPlan(600, chunk=32)) + predict_peak(dims, FoldPlan(600, chunk=64))) // 2
+    with caplog.at_level(logging.WARNING):
+        with planned_fold(esmfold, 600, budget) as plan:
+            assert plan.chunk == 32 and esmfold.trunk.chunk_size == 32
+    assert esmfold.trunk.chunk_size is None
+    assert "chunk size 32" in caplog.text
+    with pytest.raises(FoldRefused, match=r"600 residues need ~.* GiB.*up to \d+ residues fit.*--pair-bits 8"):
+        with planned_fold(esmfold, 600, predict_peak(dims, FoldPlan(600, chunk=CHUNK_CHOICES[-1])) - 1):
+            pass
+    assert longest_fitting(esmfold, budget, None, CHUNK_CHOICES[-1]) >= 600
+
+
+def test_fold_refuses_what_cannot_fit_in_one_line_and_folds_the_rest(esmfold, tmp_path, capsys):
+    fasta = tmp_path / "in.fasta"
+    fasta.write_text(">short\nMKTAYIAKQRQISFVKSHFSRQ\n>long\n" + "ACDEFGHIKLMNPQRSTVWY" * 30 + "\n")
+    budget = predict_peak(dims_of(esmfold), FoldPlan(200, chunk=CHUNK_CHOICES[-1]))  # 22 residues fit, 600 do not
+    code = main(["fold", "tiny-esmfold", "--fasta", str(fasta), "--out", str(tmp_path / "o"),
+                 "--max-memory", str(budget), "--num-recycles", "0", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert (tmp_path / "o" / "short.pdb").exists() and not (tmp_path / "o" / "long.pdb").exists()
+    refusal = [line for line in err.splitlines() if "not folded" in line]
+    assert len(refusal) == 1 and "long: 600 residues need ~" in refusal[0] and "GiB" in refusal[0]
+
+
+def test_fold_with_pair_bits_writes_a_pdb(tmp_path, capsys):
+    fasta = tmp_path / "in.fasta"
+    fasta.write_text(">a\nMKTAYIAKQRQISFVKSHFSRQ\n")
+    assert main(["fold", "tiny-esmfold", "--fasta", str(fasta), "--out", str(tmp_path / "o"), "--pair-bits", "8",
+                 "--num-recycles", "0", "--quiet"]) == 0
+    assert (tmp_path / "o" / "a.pdb").read_text().startswith(("ATOM", "PARENT", "MODEL", "HEADER"))
+
+
+@pytest.mark.parametrize("text, expected", [("16G", 16 << 30), ("16GiB", 16 << 30), ("512m", 512 << 20),
+                                            ("2.5G", int(2.5 * 2 ** 30)), ("1000", 1000)])
+def test_memory_sizes(text, expected):
+    assert parse_memory_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "lots", "-1G", "0", "16X"])
+def test_bad_memory_sizes_are_refused(text):
+    with pytest.raises(ValueError, match="--max-memory"):
+        parse_memory_size(text)
