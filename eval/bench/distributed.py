@@ -133,7 +133,11 @@ def process_group(device: str) -> Iterator[Ranks]:
                              "use --nproc-per-node <= the number of GPUs")
         torch.cuda.set_device(local_rank)
     dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=_BARRIER_TIMEOUT)
+    finished = False
     try:
         yield Ranks(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank)
+        finished = True
     finally:
+        if finished:  # leave together: no rank tears its group down while a peer still uses the connection
+            dist.barrier()
         dist.destroy_process_group()
