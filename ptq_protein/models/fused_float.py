@@ -9,7 +9,10 @@ float operations in their fastest form. Here, on one CPU thread:
   ``return_contacts``), it runs as one ``F.scaled_dot_product_attention`` call
   (rotary applied to q and k first, padding keys masked the same way);
 * GELU: fair-esm's ``gelu`` is five eager passes (divide, erf, add, two
-  multiplies); ``F.gelu`` (the same erf form) is one, about five times faster.
+  multiplies); ``F.gelu`` (the same erf form) is one, about five times faster;
+* q, k and v: declared as linears that read one tensor (``shared_input``), so
+  the CPU fast path encodes it once and runs one int8 GEMM on the stacked
+  weights (``nn/int_shared``; each output column unchanged, bit for bit).
 
 The quantized GEMMs around them are unchanged; these operations are float either
 way, so only float32 rounding differs (attention output ~1e-7 relative, tested;
@@ -66,6 +69,10 @@ def use_fused_float_(model: nn.Module, enabled: bool = True) -> int:
             if type(module) is base:
                 module.__class__ = _fused_class(base)
             module.fused_float = enabled
+            if not enabled and base is bases[0]:
+                for proj in (module.q_proj, module.k_proj, module.v_proj):
+                    if getattr(proj, "shared_input", None) is not None:
+                        proj.shared_input = None  # each projection its own GEMM again
             count += base is bases[0]
     return count
 
@@ -116,10 +123,21 @@ def _forward(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor]
     (:func:`fused_attention_runs`), else fair-esm's own forward. query ``[T, B, C]`` -> ``([T, B, C], None)``."""
     call = {"incremental_state": incremental_state, "attn_mask": attn_mask, "static_kv": static_kv,
             "before_softmax": before_softmax, "self_call": key is query and value is query}
+    if self.fused_float:
+        _share_input((self.q_proj, self.k_proj, self.v_proj))
     if not fused_attention_runs(self, need_head_weights, **call):
         return super(type(self), self).forward(query, key, value, key_padding_mask, incremental_state, need_weights,
                                                static_kv, attn_mask, before_softmax, need_head_weights)
     return self.out_proj(_attention(self, query, key_padding_mask)), None
+
+
+def _share_input(projections: Tuple[nn.Module, ...]) -> None:
+    """Declare that the integer projections read one tensor (``nn/int_shared``: one encoding, one int8 GEMM on
+    CPU), as the attribute ``shared_input`` of each: the tuple in output order. Float projections: nothing."""
+    if projections[0].__dict__.get("shared_input") != projections and all(
+            hasattr(p, "engine_ran") and p.weight_spec is not None for p in projections):  # integer QuantLinears
+        for p in projections:
+            p.shared_input = projections
 
 
 def _attention(self, query: Tensor, key_padding_mask: Optional[Tensor]) -> Tensor:

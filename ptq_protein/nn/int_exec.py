@@ -33,7 +33,8 @@ from torch.nn import functional as F
 
 from ptq_protein.config import Engine
 
-__all__ = ["Engine", "EngineFallbackWarning", "int_linear", "float_rows_linear", "first_accumulators", "set_engine", "engine_used", "weight_codes"]
+__all__ = ["Engine", "EngineFallbackWarning", "int_linear", "codes_rows_linear", "float_rows_linear",
+           "first_accumulators", "set_engine", "engine_used", "weight_codes"]
 
 
 def parse_engine(engine) -> Engine:
@@ -158,8 +159,14 @@ def float_rows_linear(module, rows: torch.Tensor) -> torch.Tensor:
         return F.linear(rows, module.dequantized_weight(rows.dtype), module.bias)
     packed = module._int_cache.get("packed")
     codes = packed.weight.to_dense() if packed is not None else weight_codes(module).t().contiguous()
-    y = torch.mm(rows.to(torch.float32), codes.to(torch.float32)).mul_(module.weight_scale.reshape(1, -1))
-    return y if module.bias is None else y.add_(module.bias.to(torch.float32))
+    return codes_rows_linear(rows, codes, module.weight_scale, module.bias)
+
+
+def codes_rows_linear(rows: torch.Tensor, codes: torch.Tensor, w_scale: torch.Tensor,
+                      bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """``(rows @ codes) * w_scale + bias``: float ``rows [R, K]``, int8 ``codes [K, N]``, float32 ``[R, N]``."""
+    y = torch.mm(rows.to(torch.float32), codes.to(torch.float32)).mul_(w_scale.reshape(1, -1))
+    return y if bias is None else y.add_(bias.to(torch.float32))
 
 
 def _weight_operands(module):

@@ -17,7 +17,7 @@ from ptq_protein.nn import cpu_int8, cpu_pwlq
 from ptq_protein.nn.fused import fused_call, piecewise_codes, piecewise_zero_code, uniform_codes
 from ptq_protein.quant.uniform import per_token_qparams, qrange
 
-__all__ = ["fast_linear", "prepack_module", "encode_codes"]
+__all__ = ["fast_linear", "fast_product", "prepack_module", "encode_codes"]
 
 
 def prepack_module(module) -> cpu_int8.Packed:
@@ -66,24 +66,27 @@ def _zero_code(quant, thresholds: torch.Tensor, table: torch.Tensor) -> torch.Te
     return cached[1]
 
 
-def _plan(module, packed: cpu_int8.Packed, cb) -> cpu_pwlq.PwlqPlan:
-    cache = module._int_cache
+def _plan(cache: dict, packed: cpu_int8.Packed, cb, bias) -> cpu_pwlq.PwlqPlan:
     if cache.get("pwlq_book") is not cb:
-        cache["pwlq_plan"] = cpu_pwlq.pwlq_plan(cb, packed, module.bias)
+        cache["pwlq_plan"] = cpu_pwlq.pwlq_plan(cb, packed, bias)
         cache["pwlq_book"] = cb
     return cache["pwlq_plan"]
 
 
+def fast_product(quant, packed: cpu_int8.Packed, bias, cache: dict, x2: torch.Tensor) -> torch.Tensor:
+    """``x2 [M, K]`` -> float32 ``[M, N]`` through ``quant``'s codes and ``packed`` (``cache``: the PWLQ plan)."""
+    codes, params = encode_codes(quant, x2)
+    if params[0] == "pwlq":
+        return cpu_pwlq.pwlq_linear(codes, _plan(cache, packed, params[1], bias), packed)
+    bias = None if bias is None else bias.to(torch.float32)
+    if quant.is_static:
+        return cpu_int8.static_linear(codes, packed, float(params[1]), int(params[2]), bias)
+    return cpu_int8.per_token_linear(codes, params[1], params[2], packed, bias)
+
+
 def fast_linear(module, x: torch.Tensor) -> torch.Tensor:
     """y = x W^T + b on the oneDNN path; x [..., K] -> [..., N] in x's dtype."""
-    packed = prepack_module(module)
     shape = x.shape
-    codes, params = encode_codes(module.input_quant, x.reshape(-1, shape[-1]))
-    bias = None if module.bias is None else module.bias.to(torch.float32)
-    if params[0] == "pwlq":
-        y = cpu_pwlq.pwlq_linear(codes, _plan(module, packed, params[1]), packed)
-    elif module.input_quant.is_static:
-        y = cpu_int8.static_linear(codes, packed, float(params[1]), int(params[2]), bias)
-    else:
-        y = cpu_int8.per_token_linear(codes, params[1], params[2], packed, bias)
+    packed = prepack_module(module)
+    y = fast_product(module.input_quant, packed, module.bias, module._int_cache, x.reshape(-1, shape[-1]))
     return y.reshape(*shape[:-1], y.shape[-1]).to(x.dtype)

@@ -344,9 +344,9 @@ class QuantLinear(nn.Module):
     # -- forward ---------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend is Backend.INT8 and self.input_quant is not None and self.weight_spec is not None:
-            from ptq_protein.nn.int_exec import float_rows_linear, int_linear
+            from ptq_protein.nn.int_shared import int_forward
 
-            return self._float_rows(x, int_linear(self, x), lambda rows: float_rows_linear(self, rows))
+            return int_forward(self, x)
         xq = x if self.input_quant is None else self.input_quant(x)
         bias = None if self.bias is None else self.bias.to(x.dtype)
         weight = self.dequantized_weight(x.dtype)
