@@ -2,8 +2,10 @@
 
 * FP32 ``torch.compile`` (inductor, freezing on);
 * ``torch.ao.quantization.quantize_dynamic`` (int8 Linear, fbgemm: reduce_range on x86);
-* ONNX Runtime dynamic U8S8 with ``reduce_range`` (the ``[onnx]`` extra: onnx, onnxruntime), exported by
-  the legacy TorchScript exporter (``dynamo=False``, opset 17) outside inference mode.
+* ONNX Runtime ``quantize_dynamic`` (the ``[onnx]`` extra: onnx, onnxruntime), exported by the legacy
+  TorchScript exporter (``dynamo=False``, opset 17) outside inference mode: U8S8 with ``reduce_range``
+  (7-bit weights) per-tensor (ORT's default) and per-channel, U8U8 per-channel. :func:`ort_exact` probes
+  each configuration for int16 saturation (AVX2 without VNNI), so a saturating row is labelled as such.
 
 Every builder returns a callable ``tokens -> {"logits": tensor}`` or raises :class:`Skip` with a one-line note.
 """
@@ -60,24 +62,70 @@ def quantize_dynamic(model: torch.nn.Module, tokens: torch.Tensor) -> Forward:
     return q
 
 
-def ort_dynamic_u8s8(model: torch.nn.Module, tokens: torch.Tensor, threads: int) -> Forward:
-    try:
-        import onnxruntime as ort
-        from onnxruntime.quantization import QuantType
-        from onnxruntime.quantization import quantize_dynamic as ort_qd
-    except ImportError as err:
-        raise Skip("onnxruntime not installed (pip install 'ptq-protein[onnx]')") from err
+def ort_dynamic(model: torch.nn.Module, tokens: torch.Tensor, threads: int, weights: str = "s8",
+                per_channel: bool = False, reduce_range: bool = True) -> Forward:
+    """ONNX Runtime ``quantize_dynamic`` (u8 activations, ``weights`` "s8" or "u8"; per-tensor weights unless
+    ``per_channel``: ORT's default). The export is made once per model."""
+    ort, quant = _onnxruntime()
     folder = Path(tempfile.mkdtemp(prefix="bench_ort_"))
-    fp, q8 = folder / "fp32.onnx", folder / "u8s8.onnx"
+    q8 = folder / "q8.onnx"
     try:
-        with torch.no_grad():  # not inference_mode: the legacy exporter needs version counters
-            torch.onnx.export(_Logits(model).eval(), (tokens,), str(fp), dynamo=False, opset_version=17,
-                              input_names=["tokens"], output_names=["logits"])
-        ort_qd(str(fp), str(q8), weight_type=QuantType.QInt8, reduce_range=True)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        session = ort.InferenceSession(str(q8), options, providers=["CPUExecutionProvider"])
+        fp = _exported(model, tokens)
+        quant.quantize_dynamic(str(fp), str(q8), weight_type=_weight_type(quant, weights), per_channel=per_channel,
+                               reduce_range=reduce_range)
+        session = _session(ort, q8, threads)
     except Exception as err:  # noqa: BLE001  (export or quantization failure: a skipped row, named)
         raise Skip(f"ONNX export / quantization failed: {type(err).__name__}: {str(err).splitlines()[0][:120]}") \
             from err
     return lambda t: {"logits": torch.from_numpy(session.run(None, {"tokens": t.numpy()})[0])}
+
+
+def ort_exact(weights: str = "s8", per_channel: bool = False, reduce_range: bool = True) -> bool:
+    """Whether ORT's dynamic int8 MatMul is exact here for this configuration: one Linear whose codes are the
+    extreme pair (input 1.0 over its range [0, 1]: u8 255; weight 1.0: s8 127 or u8 255), against the exact 64.
+    Without VNNI a u8 x s8 product saturates at int16 pair sums (32.4 instead of 64), silently."""
+    ort, quant = _onnxruntime()
+    folder = Path(tempfile.mkdtemp(prefix="bench_ort_probe_"))
+    linear = torch.nn.Linear(64, 4, bias=False)
+    with torch.no_grad():
+        linear.weight.fill_(1.0)
+        x = torch.ones(2, 64)
+        torch.onnx.export(linear, (x,), str(folder / "fp.onnx"), dynamo=False, opset_version=17, input_names=["x"],
+                          output_names=["y"])
+    quant.quantize_dynamic(str(folder / "fp.onnx"), str(folder / "q8.onnx"), weight_type=_weight_type(quant, weights),
+                           per_channel=per_channel, reduce_range=reduce_range)
+    y = _session(ort, folder / "q8.onnx", 1).run(None, {"x": x.numpy()})[0]
+    return bool(abs(float(y[0, 0]) - 64.0) <= 64.0 * 0.02)  # 8-bit rounding of 1.0 stays well inside 2%
+
+
+def _onnxruntime():
+    try:
+        import onnxruntime as ort
+        from onnxruntime import quantization
+    except ImportError as err:
+        raise Skip("onnxruntime not installed (pip install 'ptq-protein[onnx]')") from err
+    return ort, quantization
+
+
+def _weight_type(quant, weights: str):
+    return {"s8": quant.QuantType.QInt8, "u8": quant.QuantType.QUInt8}[weights]
+
+
+def _session(ort, path: Path, threads: int):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+_EXPORTS: Dict[int, Path] = {}
+
+
+def _exported(model: torch.nn.Module, tokens: torch.Tensor) -> Path:
+    """The FP32 ONNX export of ``model`` (legacy exporter, opset 17), made once per model object."""
+    if id(model) not in _EXPORTS:
+        fp = Path(tempfile.mkdtemp(prefix="bench_ort_fp_")) / "fp32.onnx"
+        with torch.no_grad():  # not inference_mode: the legacy exporter needs version counters
+            torch.onnx.export(_Logits(model).eval(), (tokens,), str(fp), dynamo=False, opset_version=17,
+                              input_names=["tokens"], output_names=["logits"])
+        _EXPORTS[id(model)] = fp
+    return _EXPORTS[id(model)]
