@@ -93,3 +93,21 @@ def test_bench_cpu_int8_quick_prints_the_issue_table(capsys):
         assert re.fullmatch(r"\d+\.\d\dx", rows[name][3]) and re.fullmatch(r"\d+\.\d\d%", rows[name][5]), name
     assert rows["FP32 eager"][5] == "0.00%"
     assert "uniform int8" in out and "no slower than fake" in out
+
+
+def test_ort_anchor_rows_say_whether_they_saturate():
+    """ONNX Runtime's dynamic int8 MatMul is probed on the extreme code pair: reduce_range (7-bit weights) and
+    U8U8 are exact on every x86 CPU, and each anchor row's name carries its probe's verdict."""
+    pytest.importorskip("onnxruntime")
+    anchors = _load("bench_cpu_anchors")
+    assert anchors.ort_exact("s8", per_channel=False, reduce_range=True)
+    assert anchors.ort_exact("u8", per_channel=True, reduce_range=False)
+    from ptq_protein.nn import cpu_int8
+
+    if cpu_int8.mode() == "split":  # no VNNI: ORT's u8 x s8 pairs saturate like oneDNN's, and the probe says so
+        assert not anchors.ort_exact("s8", per_channel=False, reduce_range=False)
+    bench = _load("bench_cpu_int8")
+    names = [name for name, _ in bench.ort_builders(None, None, 1)]
+    assert len(names) == len(bench.ORT_ROWS)
+    assert all(re.search(r"\[(exact|SATURATES \(int16 pairs\))\]$", n) for n in names), names
+    assert "per-tensor W (ORT's default) [exact]" in names[0]
