@@ -38,24 +38,33 @@ from torch import nn
 
 from ptq_protein import __version__
 from ptq_protein.api import CalibrationInfo, QuantState
-from ptq_protein.models.architecture import build_architecture, describe_architecture
-from ptq_protein.config import Backend, QuantConfig, SiteKind, TensorQuant
 from ptq_protein.artifact_hf import HF_CONFIG, TOKENIZER_FILES, copy_tokenizer_files, hf_config, tokenizer_source
-from ptq_protein.model_card import CARD, model_card
-from ptq_protein.artifact_seal import (SEAL_KEY, TENSORS_DIGEST, canonical_json, check_files_entry,
-                                      check_recipe_object, check_sealed, check_tensors, file_sha256, plain_file,
-                                      tensors_sha256)
+from ptq_protein.artifact_seal import (
+    SEAL_KEY,
+    TENSORS_DIGEST,
+    canonical_json,
+    check_files_entry,
+    check_recipe_object,
+    check_sealed,
+    check_tensors,
+    file_sha256,
+    plain_file,
+    tensors_sha256,
+)
+from ptq_protein.calibration.matmul_sites import QuantMatmulHost
+from ptq_protein.calibration.sites import Site, set_module
+from ptq_protein.config import Backend, QuantConfig, SiteKind, TensorQuant
 from ptq_protein.errors import ArtifactError
 from ptq_protein.io_utils import atomic_dir, check_out_path
-from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
-from ptq_protein.nn.special_tokens import apply_special_tokens_
-from ptq_protein.nn.pair_int8 import use_pair_int8
 from ptq_protein.kernels.packing import pack_int4, unpack_int4
+from ptq_protein.model_card import CARD, model_card
+from ptq_protein.models.architecture import build_architecture, describe_architecture
+from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
+from ptq_protein.nn.pair_int8 import use_pair_int8
+from ptq_protein.nn.special_tokens import apply_special_tokens_
 from ptq_protein.quant.codebook import PiecewiseCodebook
 from ptq_protein.report import report_markdown
 from ptq_protein.site_plan import MixedPlan
-from ptq_protein.calibration.matmul_sites import QuantMatmulHost
-from ptq_protein.calibration.sites import Site, set_module
 
 __all__ = ["save", "load", "is_artifact_dir", "check_artifact_out", "ARTIFACT_FORMAT", "ARTIFACT_VERSION"]
 

@@ -43,7 +43,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_cpu_anchors as anchor  # noqa: E402  (sibling script: the existing engines)
 from bench_quantize import (  # noqa: E402  (sibling script: shared model, sequences and table helpers)
-    FULL_SHAPE, QUICK_SHAPE, ModelShape, build_esm2, command_line, environment_line, markdown_table, random_sequences,
+    FULL_SHAPE,
+    QUICK_SHAPE,
+    ModelShape,
+    build_esm2,
+    command_line,
+    environment_line,
+    markdown_table,
+    random_sequences,
 )
 
 GOAL_MEMORY = 0.4
@@ -236,6 +243,7 @@ def _rss_mib() -> float:
 def memory_child(kind: str, shape: ModelShape, artifact: str) -> Dict[str, float]:
     """RSS growth (MiB) of one loaded model after one forward, over the RSS after imports."""
     import esm  # noqa: F401  (everything either side imports comes before the baseline)
+
     import ptq_protein as pp
     import ptq_protein.api  # noqa: F401
     import ptq_protein.artifact  # noqa: F401

@@ -34,8 +34,20 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_quantize import (  # noqa: E402  (sibling script: shared model, sequences and table helpers)
-    FULL_SHAPE, QUICK_SHAPE, ModelShape, _current_rss_kib, _fp_forwards, _reset_peak_rss, _seconds, build_esm2,
-    command_line, environment_line, markdown_table, random_sequences, run_memory_child)
+    FULL_SHAPE,
+    QUICK_SHAPE,
+    ModelShape,
+    _current_rss_kib,
+    _fp_forwards,
+    _reset_peak_rss,
+    _seconds,
+    build_esm2,
+    command_line,
+    environment_line,
+    markdown_table,
+    random_sequences,
+    run_memory_child,
+)
 
 RECIPE = "w4-gptq"
 

@@ -173,11 +173,11 @@ def bench_forward(model, qmodels: Dict[str, torch.nn.Module], tokens: torch.Tens
     models = {"fp": model, **qmodels}
     times: Dict[str, List[float]] = {name: [] for name in models}
     with torch.no_grad():
-        first = {name: _seconds(lambda: m(tokens)) for name, m in models.items()}  # warm-up
+        first = {name: _seconds(lambda m=m: m(tokens)) for name, m in models.items()}  # warm-up
         names = list(models)
         for rep in range(reps):
             for name in names[rep % len(names):] + names[:rep % len(names)]:
-                times[name].append(_seconds(lambda: models[name](tokens)))
+                times[name].append(_seconds(lambda name=name: models[name](tokens)))
     return {name: (first[name], statistics.median(values)) for name, values in times.items()}
 
 
@@ -204,10 +204,10 @@ def _reset_peak_rss() -> bool:
 
 def prepared_calibration(model, preset: str, seqs: Sequence[str], batch_size: int) -> Callable[[], object]:
     """``calibrate`` of ``preset`` on ``model`` (prepared as pp.quantize prepares it), as a no-argument call."""
-    from ptq_protein.models.adapters import get_adapter
     from ptq_protein.calibration.calibrate import calibrate
-    from ptq_protein.presets import resolve_config
     from ptq_protein.calibration.sites import discover_sites, select_sites
+    from ptq_protein.models.adapters import get_adapter
+    from ptq_protein.presets import resolve_config
 
     adapter = get_adapter(model)
     adapter.prepare(model)

@@ -23,10 +23,10 @@ from unittest import mock
 
 import torch
 
-from ptq_protein.workflows import shared_calibration
 from ptq_protein.api import calibration_sequences
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.tiny import tiny_esmfold
+from ptq_protein.workflows import shared_calibration
 
 OURS = ["w8a8-pwlq", "w8a8-uniform"]
 

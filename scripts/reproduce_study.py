@@ -30,7 +30,7 @@ import argparse
 import csv
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 # One row per line of the study: (row, study-exact recipe, our closest recipe or None, published mean TM or None,
 # source). "reported": the study's results (FP32, uniform A8, PWLQ A8, W8 + PWLQ A8). The rest are the notebooks'

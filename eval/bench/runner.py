@@ -21,12 +21,12 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 
 from torch import nn
 
-from ptq_protein.models.adapters import ESM2_MAX_RESIDUES, get_adapter
+from ptq_protein.data.sets import BenchmarkSet, Target
 from ptq_protein.eval.bench.distributed import SINGLE, Ranks
 from ptq_protein.eval.bench.results_store import STATUS_OK, TEXT_COLUMNS, ResultsStore, check_run_info, is_done
 from ptq_protein.eval.tmscore import TMNormalize
 from ptq_protein.io_utils import check_out_path, folder_lock, safe_stem
-from ptq_protein.data.sets import BenchmarkSet, Target
+from ptq_protein.models.adapters import ESM2_MAX_RESIDUES, get_adapter
 from ptq_protein.progress import progress as progress_of
 
 __all__ = ["FP_RECIPE", "RunOptions", "normalize_recipes", "run_recipes", "length_status", "prediction_path",
@@ -262,9 +262,8 @@ def _quantized(model: nn.Module, recipe: str, options: RunOptions, statistics: A
     if recipe == FP_RECIPE:
         return model
     import ptq_protein as pp
-
-    from ptq_protein.presets import resolve_config
     from ptq_protein.nn.qparams import needs_calibration
+    from ptq_protein.presets import resolve_config
 
     calibrated = needs_calibration(resolve_config(recipe).activations)
     start = time.perf_counter()

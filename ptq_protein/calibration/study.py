@@ -20,8 +20,8 @@ from ptq_protein.calibration.calibrate import _first_tensor
 from ptq_protein.calibration.sites import Site
 from ptq_protein.errors import InputError
 from ptq_protein.models.adapters import ModelAdapter
-from ptq_protein.quant.study_observer import StudyTopKObserver
 from ptq_protein.progress import progress as progress_of
+from ptq_protein.quant.study_observer import StudyTopKObserver
 
 __all__ = ["study_calibrate", "study_observers"]
 

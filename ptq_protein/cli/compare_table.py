@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Union
 
 # The comparison the embedded demos (tiny-esmfold, tiny-esm2, ...) run by default, so the first
 # command shows what the recipe buys against the uniform baseline and against the study's own

@@ -7,9 +7,17 @@ import logging
 from pathlib import Path
 from typing import Any, Dict
 
-from ptq_protein.cli.common import (add_batch_size_option, add_calib_crop_option, add_json_option, add_runtime_options,
-                                    add_tm_normalize_option, calib_crop, print_json, resolve_device,
-                                    show_progress)
+from ptq_protein.cli.common import (
+    add_batch_size_option,
+    add_calib_crop_option,
+    add_json_option,
+    add_runtime_options,
+    add_tm_normalize_option,
+    calib_crop,
+    print_json,
+    resolve_device,
+    show_progress,
+)
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, load_float_model
 
 EXAMPLES = """examples:
@@ -87,8 +95,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace, bench, recipes, ranks) -> Dict[str, Any]:
-    from ptq_protein.models.adapters import ESM2_MAX_RESIDUES
     from ptq_protein.eval.bench.runner import RunOptions
+    from ptq_protein.models.adapters import ESM2_MAX_RESIDUES
 
     loaded = load_float_model(args, args.model, device=ranks.device(resolve_device(args.device)))
     cap = args.max_length if args.max_length is not None else (loaded.max_length or ESM2_MAX_RESIDUES)

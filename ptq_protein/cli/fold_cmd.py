@@ -43,10 +43,10 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ptq_protein.models.adapters import ESM2_MAX_RESIDUES, ESM_ALPHABET_LETTERS
-    from ptq_protein.fasta import read_fasta
     from ptq_protein.cli.common import parse_memory_size
     from ptq_protein.eval.bench.folding import fold_to_pdbs, require_esmfold
+    from ptq_protein.fasta import read_fasta
+    from ptq_protein.models.adapters import ESM2_MAX_RESIDUES, ESM_ALPHABET_LETTERS
 
     max_memory = parse_memory_size(args.max_memory)
     records = read_fasta(Path(args.fasta), alphabet=ESM_ALPHABET_LETTERS, max_length=ESM2_MAX_RESIDUES)

@@ -6,7 +6,13 @@ import argparse
 import json
 from pathlib import Path
 
-from ptq_protein.cli.common import add_batch_size_option, add_json_option, add_runtime_options, print_json, show_progress
+from ptq_protein.cli.common import (
+    add_batch_size_option,
+    add_json_option,
+    add_runtime_options,
+    print_json,
+    show_progress,
+)
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, load_float_model
 
 EXAMPLES = """examples:

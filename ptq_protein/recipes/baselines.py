@@ -13,8 +13,17 @@ from __future__ import annotations
 
 from typing import Dict
 
-from ptq_protein.config import (FP8Format, GPTQSpec, Granularity, QuantConfig, RangeMethod, Scheme, SiteKind,
-                                SmoothQuantSpec, TensorQuant)
+from ptq_protein.config import (
+                                FP8Format,
+                                GPTQSpec,
+                                Granularity,
+                                QuantConfig,
+                                RangeMethod,
+                                Scheme,
+                                SiteKind,
+                                SmoothQuantSpec,
+                                TensorQuant,
+)
 from ptq_protein.recipes.ours import per_channel_weights, pwlq_acts
 
 __all__ = ["PRESETS", "DOCS"]

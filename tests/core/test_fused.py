@@ -5,8 +5,8 @@ import logging
 import pytest
 import torch
 
-from ptq_protein.nn import fused
 from ptq_protein.config import Granularity, Scheme, TensorQuant
+from ptq_protein.nn import fused
 from ptq_protein.nn.modules import ActQuantizer
 from ptq_protein.quant.codebook import codebook_step_function, pwlq_fake_quantize
 from ptq_protein.quant.pwlq import asymmetric_pwlq, pwlq_from_breakpoints

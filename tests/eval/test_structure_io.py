@@ -8,8 +8,8 @@ import io
 import numpy as np
 import pytest
 import torch
-
 from eval_testlib import FULL_NATIVE, ca_residues, pdb_lines, random_walk
+
 from ptq_protein.eval.atoms import ATOM37_INDEX, ATOM37_NAMES
 from ptq_protein.eval.structure import Structure, as_structure, load_structure
 

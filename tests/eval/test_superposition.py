@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from eval_testlib import random_rotation
+
 from ptq_protein.eval.superpose import apply_transform, kabsch, superposition_rmsd
 
 
@@ -33,7 +33,7 @@ def test_matches_svd_reference(noise):
     rotation, translation = kabsch(torch.tensor(np.array(xs)), torch.tensor(np.array(ys)), torch.tensor(np.array(ws)))
     for i in range(64):
         r_ref, t_ref = svd_reference(xs[i], ys[i], ws[i])
-        res = lambda r, t: (ws[i] * ((xs[i] @ r.T + t - ys[i]) ** 2).sum(1)).sum()  # noqa: E731
+        res = lambda r, t, i=i: (ws[i] * ((xs[i] @ r.T + t - ys[i]) ** 2).sum(1)).sum()  # noqa: E731
         assert res(rotation[i].numpy(), translation[i].numpy()) == pytest.approx(res(r_ref, t_ref), rel=1e-9, abs=1e-9)
         assert np.linalg.det(rotation[i].numpy()) == pytest.approx(1.0, abs=1e-12)
         np.testing.assert_allclose(rotation[i].numpy(), r_ref, atol=1e-6)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from eval_testlib import STRUCTURES
+
 from ptq_protein.eval.tmscore import paired_ca, tm_score, tm_score_batch
 
 TM_TOLERANCE = 0.01  # issue goal: every pair

@@ -1,6 +1,5 @@
 """Mixed precision: budgets, the plan's width, held-out verification, artifacts, bad input."""
 
-import itertools
 import random
 
 import pytest

@@ -22,9 +22,17 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-
-from make_golden import (SEED, THREE, first_banner_line, parse_args, read_ca, renumbered_native, run_tmscore,
-                         sequence_alignment, write_pdb)
+from make_golden import (
+    SEED,
+    THREE,
+    first_banner_line,
+    parse_args,
+    read_ca,
+    renumbered_native,
+    run_tmscore,
+    sequence_alignment,
+    write_pdb,
+)
 
 MISSING_TARGETS = ("7vf3.B", "7q83.D", "8ds5.A")  # cameo2022: 15/155, 156/274, 96/164 residues observed
 ONE = {v: k for k, v in THREE.items()}
