@@ -177,7 +177,8 @@ def _resolve_ambiguous_atoms(mob: np.ndarray, ref: np.ndarray, pairs: tuple, seq
     return mob
 
 
-def _score(mob: np.ndarray, ref: np.ndarray, pairs: tuple, native: Structure, mode: LDDTMode, n_slots: int) -> LDDTResult:
+def _score(mob: np.ndarray, ref: np.ndarray, pairs: tuple, native: Structure, mode: LDDTMode,
+           n_slots: int) -> LDDTResult:
     a, b, d_ref = pairs
     score = _preserved(mob.reshape(-1, 3), a, b, d_ref)
     length = len(native)

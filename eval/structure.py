@@ -74,7 +74,8 @@ class Structure:
     def __post_init__(self) -> None:
         numbers = np.asarray(self.residue_numbers)
         if numbers.ndim != 1 or (numbers.size and not np.issubdtype(numbers.dtype, np.integer)):
-            raise InputError(f"{self.source}: residue_numbers must be a 1-D integer array, got {numbers.dtype} {numbers.shape}")
+            raise InputError(f"{self.source}: residue_numbers must be a 1-D integer array, got {numbers.dtype} "
+                             f"{numbers.shape}")
         length = numbers.shape[0]
         coords = np.asarray(self.atom37, dtype=np.float64)
         mask = np.asarray(self.atom37_mask, dtype=bool)
@@ -191,7 +192,8 @@ def as_structure(value: Any, chain: Optional[str] = None) -> Structure:
     """A :class:`Structure` from a Structure, a file path / PDB or mmCIF text, or a CA array [L, 3]."""
     if isinstance(value, Structure):
         if chain is not None and chain != value.chain_id:
-            raise InputError(f"{value.source}: chain {chain!r} was asked for but this structure is chain {value.chain_id!r}")
+            raise InputError(f"{value.source}: chain {chain!r} was asked for but this structure is chain "
+                             f"{value.chain_id!r}")
         return value
     if isinstance(value, (str, os.PathLike)):
         return load_structure(value, chain=chain)
@@ -319,7 +321,8 @@ def _choose_chain(residues_by_chain: dict, chain: Optional[str], source: str) ->
         if not available:
             raise InputError(f"{source}: no amino-acid residues found (HETATM-only or empty file)")
         if len(available) > 1:
-            logger.info("%s: chains %s, using the first (%r); pick another with chain=", source, available, available[0])
+            logger.info("%s: chains %s, using the first (%r); pick another with chain=", source, available,
+                        available[0])
         return available[0]
     if chain not in residues_by_chain:
         raise InputError(f"{source}: no chain {chain!r}; chains with residues: {available}")
@@ -381,9 +384,11 @@ def _atom37_from_arrays(ca, n, c, atom37, atom37_mask, source: str) -> tuple:
     if coords is not None:
         if coords.ndim != 3 or coords.shape[1:] != (37, 3):
             raise InputError(f"{source}: atom37 must have shape [L, 37, 3], got {coords.shape}")
-        mask = np.isfinite(coords).all(-1) if atom37_mask is None else np.asarray(_to_numpy(atom37_mask, "atom37_mask", source), dtype=bool)
+        mask = (np.isfinite(coords).all(-1) if atom37_mask is None
+                else np.asarray(_to_numpy(atom37_mask, "atom37_mask", source), dtype=bool))
         return np.nan_to_num(coords, nan=0.0), mask
-    backbone = {CA_INDEX: _to_numpy(ca, "ca", source), N_INDEX: _to_numpy(n, "n", source), C_INDEX: _to_numpy(c, "c", source)}
+    backbone = {CA_INDEX: _to_numpy(ca, "ca", source), N_INDEX: _to_numpy(n, "n", source),
+                C_INDEX: _to_numpy(c, "c", source)}
     if backbone[CA_INDEX] is None:
         raise InputError(f"{source}: give ca=[L, 3] or atom37=[L, 37, 3] coordinates")
     length = backbone[CA_INDEX].shape[0]
@@ -393,7 +398,8 @@ def _atom37_from_arrays(ca, n, c, atom37, atom37_mask, source: str) -> tuple:
         if xyz is None:
             continue
         if xyz.shape != (length, 3):
-            raise InputError(f"{source}: {ATOM37_NAMES[slot]} coordinates must have shape [{length}, 3], got {xyz.shape}")
+            raise InputError(f"{source}: {ATOM37_NAMES[slot]} coordinates must have shape [{length}, 3], "
+                             f"got {xyz.shape}")
         present = np.isfinite(xyz).all(-1)
         coords[present, slot] = xyz[present]
         mask[:, slot] = present

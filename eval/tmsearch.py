@@ -188,7 +188,8 @@ def _search_chunk(x: torch.Tensor, y: torch.Tensor, n_list: list, lengths: torch
 
 
 def _evaluate(feats: "_Features", pair: torch.Tensor, mask: torch.Tensor, sums: Optional[torch.Tensor],
-              best_tm: torch.Tensor, best_counts: torch.Tensor, cut_base: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+              best_tm: torch.Tensor, best_counts: torch.Tensor,
+              cut_base: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """Fit, score and cut one block of states (sorted by pair); returns the next kept sets [S, N]."""
     slot, alive = _slots(pair, feats.moments.shape[0])
     dtype, device = feats.moments.dtype, feats.moments.device

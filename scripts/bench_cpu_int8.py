@@ -89,7 +89,8 @@ def build_models(model, seqs: Sequence[str], presets: Sequence[str], reference: 
     builders.append(("FP model in bf16", lambda: bf16))
     if anchors:
         builders += [("quantize_dynamic (torch.ao, int8 Linear)", lambda: anchor.quantize_dynamic(model, tokens)),
-                     ("ONNX Runtime dynamic U8S8 reduce_range", lambda: anchor.ort_dynamic_u8s8(model, tokens, threads))]
+                     ("ONNX Runtime dynamic U8S8 reduce_range",
+                      lambda: anchor.ort_dynamic_u8s8(model, tokens, threads))]
     for name, build in builders:
         try:
             models[name] = build()
@@ -278,7 +279,8 @@ def bench_memory(threads: int, quick: bool) -> Dict[str, dict]:
         for kind in ("fp", "int8"):
             cmd = [sys.executable, __file__, "--memory-child", kind, str(Path(tmp) / "w8a8-pwlq"),
                    "--threads", str(threads)] + (["--quick"] if quick else [])
-            out[kind] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+            out[kind] = json.loads(subprocess.run(cmd, check=True, capture_output=True,
+                                                  text=True).stdout.splitlines()[-1])
     return out
 
 
@@ -300,7 +302,8 @@ def goal_lines(t: Dict[str, tuple], presets: Sequence[str]) -> List[str]:
     uni = t.get("w8a8-uniform, int8")
     if uni:
         qd = ratio.get("quantize_dynamic (torch.ao, int8 Linear)")
-        lines.append(f"uniform int8 {ratio['w8a8-uniform, int8']:.2f}x <= 0.5x: {_met(ratio['w8a8-uniform, int8'] <= 0.5)}"
+        lines.append(f"uniform int8 {ratio['w8a8-uniform, int8']:.2f}x <= 0.5x: "
+                     f"{_met(ratio['w8a8-uniform, int8'] <= 0.5)}"
                      + ("" if qd is None else f"; no slower than quantize_dynamic ({qd:.2f}x): "
                         f"{_met(ratio['w8a8-uniform, int8'] <= qd)}"))
     pwlq = [n for n in t if "pwlq" in n and ", int8" in n and "reference" not in n]
@@ -308,7 +311,8 @@ def goal_lines(t: Dict[str, tuple], presets: Sequence[str]) -> List[str]:
         best = min(pwlq, key=ratio.get)
         line = f"best PWLQ int8 ({best}) {ratio[best]:.2f}x <= 0.6x: {_met(ratio[best] <= 0.6)}"
         if uni:
-            line += f"; error {t[best][3]:.2%} <= 0.75 x uniform int8's {uni[3]:.2%}: {_met(t[best][3] <= 0.75 * uni[3])}"
+            met = _met(t[best][3] <= 0.75 * uni[3])
+            line += f"; error {t[best][3]:.2%} <= 0.75 x uniform int8's {uni[3]:.2%}: {met}"
         lines.append(line)
     for preset in presets:
         if f"{preset}, int8" in t:
@@ -329,7 +333,8 @@ def print_memory(threads: int, quick: bool) -> None:
     print(markdown_table(["model", "RSS growth MiB", "weights in state_dict MiB", "engine"],
                          [[k, round(v["rss_mib"], 1), round(v["state_dict_weight_mib"], 1), v["engine"] or "-"]
                           for k, v in mem.items()]))
-    print(f"\nint8 / FP resident: {ratio:.2f}x (goal <= {GOAL_MEMORY}x: {'met' if ratio <= GOAL_MEMORY else 'NOT met'})")
+    met = "met" if ratio <= GOAL_MEMORY else "NOT met"
+    print(f"\nint8 / FP resident: {ratio:.2f}x (goal <= {GOAL_MEMORY}x: {met})")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

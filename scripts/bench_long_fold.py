@@ -158,7 +158,8 @@ def longest_fitting(model: str, mode: str, budget: int) -> int:
 
 
 def table(rows: List[Dict]) -> str:
-    out = ["| model | mode | L | peak GiB (measured) | predicted GiB | error | time s |", "|---|---|---|---|---|---|---|"]
+    out = ["| model | mode | L | peak GiB (measured) | predicted GiB | error | time s |",
+           "|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             out.append(f"| {r['model']} | {r['mode']} | {r['length']} | — | — | — | {r['error']} |")

@@ -187,7 +187,8 @@ def _run_recipe(model: nn.Module, recipe: str, pending: Sequence[Target], store:
         if status is None:
             runnable.append(target)
             continue
-        logger.warning("%s: target %s not run: %s (recorded in the table)", recipe, target.id, status[len("skipped: "):])
+        logger.warning("%s: target %s not run: %s (recorded in the table)", recipe, target.id,
+                       status[len("skipped: "):])
         store.put({"target": target.id, "recipe": recipe, "length": target.length, "status": status})
         counts["skipped"] += 1
     if runnable:
@@ -238,7 +239,10 @@ def _held_run(out_dir: Path, run_info: Mapping[str, Any], columns: Sequence[str]
 
 
 def prediction_path(out_dir: Path, kind: str, recipe: str, target_id: str, suffix: str) -> Path:
-    """``OUT/<kind>/<recipe>/<stem><suffix>``; distinct ids get distinct stems (:func:`~ptq_protein.io_utils.safe_stem`)."""
+    """``OUT/<kind>/<recipe>/<stem><suffix>``; distinct ids get distinct stems.
+
+    See :func:`~ptq_protein.io_utils.safe_stem`.
+    """
     return Path(out_dir) / kind / recipe / f"{safe_stem(target_id)}{suffix}"
 
 

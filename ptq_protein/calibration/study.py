@@ -27,7 +27,8 @@ __all__ = ["study_calibrate", "study_observers"]
 
 
 @contextlib.contextmanager
-def study_observers(model: nn.Module, sites: Sequence[Site], k: int, calls: int) -> Iterator[Dict[str, StudyTopKObserver]]:
+def study_observers(model: nn.Module, sites: Sequence[Site], k: int,
+                    calls: int) -> Iterator[Dict[str, StudyTopKObserver]]:
     """Forward pre-hooks feeding each site's whole first input to its observer (removed on exit)."""
     modules = dict(model.named_modules())
     observers = {s.name: StudyTopKObserver(k, calls) for s in sites}

@@ -60,7 +60,8 @@ def _add_common(p: argparse.ArgumentParser, default_recipes: str) -> None:
     p.add_argument("--recipes", default=default_recipes,
                    help=f"comma-separated preset names; fp is always added (default {default_recipes})")
     p.add_argument("--set", default="cameo139", dest="set_spec",
-                   help="evaluation set: cameo139, cameo2022, casp14, NAME:N, or FASTA[:NATIVES_DIR] (default cameo139)")
+                   help="evaluation set: cameo139, cameo2022, casp14, NAME:N, or FASTA[:NATIVES_DIR] "
+                        "(default cameo139)")
     p.add_argument("--calib", default="casp14:50",
                    help="calibration sequences: a bundled set spec or a FASTA (default casp14:50, the study's)")
     p.add_argument("--out", required=True, help="output folder (an earlier run there is resumed)")

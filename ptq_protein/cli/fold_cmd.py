@@ -71,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         from ptq_protein.nn.int_exec import engine_used
 
-        # engine: which integer GEMM ran (onednn = the CPU fast path, reference = exact torch/Triton), null for float/fake
+        # engine: which integer GEMM ran (onednn = the CPU fast path, reference = exact torch/Triton),
+        # null for float/fake
         print_json({"out": args.out, "mean_plddt": {k: v[0] for k, v in written.items()},
                     "pdb": {k: str(v[1]) for k, v in written.items()}, "engine": engine_used(model),
                     "refused": refused})

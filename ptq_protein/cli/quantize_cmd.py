@@ -38,17 +38,20 @@ def register(subparsers) -> None:
                               epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help=MODEL_HELP)
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--bits", type=int, help="4, 6 or 8: the default piecewise-linear recipe at that width (default 8)")
+    group.add_argument("--bits", type=int, help="4, 6 or 8: the default piecewise-linear recipe at that "
+                                                "width (default 8)")
     group.add_argument("--preset", help="a named recipe (see README: w8a8-uniform, w8a8-pwlq, w8-only, w4a8-pwlq, ...)")
     group.add_argument("--auto", action="store_true",
-                       help="search a per-unit precision plan meeting --budget / --max-bits-avg (README: Mixed precision)")
+                       help="search a per-unit precision plan meeting --budget / --max-bits-avg (README: "
+                            "Mixed precision)")
     p.add_argument("--calib", default="casp14:50",
                    help="calibration sequences: a FASTA file or a bundled set (default casp14:50, the study's set)")
     p.add_argument("--out", help="artifact folder (default runs/<model>-<preset>)")
     p.add_argument("--force", action="store_true",
                    help="replace an existing --out artifact folder (anything else there is never replaced)")
     add_batch_size_option(p)
-    p.add_argument("--backend", choices=["fake", "int8"], default="fake", help="execution backend recorded in the artifact")
+    p.add_argument("--backend", choices=["fake", "int8"], default="fake",
+                   help="execution backend recorded in the artifact")
     p.add_argument("--num-recycles", type=int, help="ESMFold: recycles during calibration (default: the model's)")
     add_calib_crop_option(p)
     p.add_argument("--smoothquant-alpha", metavar="A|auto",
@@ -315,7 +318,10 @@ def _print_summary(summary: dict, demo: bool) -> None:
 
 
 def _memory_mode(args: argparse.Namespace, budget) -> bool:
-    """True to stream layer by layer (``--low-memory``, or needed to fit); refuses, before loading, a run that cannot fit."""
+    """True to stream layer by layer (``--low-memory``, or needed to fit).
+
+    Refuses, before loading, a run that cannot fit.
+    """
     from ptq_protein.api import resolve_calibration
     from ptq_protein.models.adapters import ModelAdapter
     from ptq_protein.models.loading import locate_weights
@@ -338,7 +344,8 @@ def _stream_refusal(args: argparse.Namespace, budget, path: Optional[Path]) -> O
 
     if budget is not None:
         return "--auto searches recipes on the float model whole"
-    if path is None or not path.is_file() or resolve_device(args.device) != "cpu" or (args.dtype or "float32") != "float32":
+    if (path is None or not path.is_file() or resolve_device(args.device) != "cpu"
+            or (args.dtype or "float32") != "float32"):
         return ("streaming reads fair-esm ESM-2 .pt files on the CPU in float32 (not tiny models, Hugging Face "
                 "folders, other devices or dtypes)")
     if args.backend != "fake":

@@ -87,7 +87,8 @@ def hf_esmfold_to_fair(state_dict: Dict[str, torch.Tensor]) -> KeyMapping:
     return KeyMapping(out, mapped.dropped, mapped.unknown)
 
 
-def load_fair_esmfold(path: Union[str, os.PathLike], *, config=None, stem_path: Optional[Union[str, os.PathLike]] = None,
+def load_fair_esmfold(path: Union[str, os.PathLike], *, config=None,
+                      stem_path: Optional[Union[str, os.PathLike]] = None,
                       allow_pickle: bool = False, mmap: bool = False) -> Tuple[torch.nn.Module, Dict[str, object]]:
     """Build ``EsmForProteinFolding`` from a fair-esm ESMFold checkpoint file.
 

@@ -270,7 +270,9 @@ def _load_fair_esm(name: str, path: Path, data: dict, allow_pickle: bool):
     import esm
 
     regression_path = path.with_name(f"{path.stem}-contact-regression.pt")
-    regression = load_torch_checkpoint(regression_path, allow_pickle=allow_pickle) if regression_path.is_file() else None
+    regression = None
+    if regression_path.is_file():
+        regression = load_torch_checkpoint(regression_path, allow_pickle=allow_pickle)
     if regression is None:
         logger.info("%s: no %s beside it; contact prediction will be wrong", path, regression_path.name)
     is_esm2 = isinstance(data.get("cfg"), dict) and "model" in data["cfg"]

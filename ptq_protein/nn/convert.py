@@ -24,7 +24,8 @@ __all__ = ["swap_modules_", "set_module", "cache_dequantized_weights"]
 
 
 def build_quant_linear(linear: nn.Linear, config: QuantConfig, input_quant: Optional[ActQuantizer],
-                       quantize_weights: bool = True, weight_q: Optional[Dict[str, torch.Tensor]] = None) -> QuantLinear:
+                       quantize_weights: bool = True,
+                       weight_q: Optional[Dict[str, torch.Tensor]] = None) -> QuantLinear:
     """``weight_q``: codes and parameters already chosen (GPTQ) instead of rounding to nearest here."""
     spec = config.weights if quantize_weights else None
     weight = linear.weight.detach()

@@ -33,7 +33,8 @@ from torch.nn import functional as F
 
 from ptq_protein.config import Engine
 
-__all__ = ["Engine", "EngineFallbackWarning", "int_linear", "float_rows_linear", "first_accumulators", "set_engine", "engine_used", "weight_codes"]
+__all__ = ["Engine", "EngineFallbackWarning", "int_linear", "float_rows_linear", "first_accumulators", "set_engine",
+           "engine_used", "weight_codes"]
 
 
 def parse_engine(engine) -> Engine:
@@ -141,7 +142,8 @@ def _warn_float(why: str) -> None:
     """One line per cause and process."""
     warnings.warn(f"backend='int8' runs the float path (the fake backend's product, not integer GEMMs) on CPU: "
                   f"{why}, and the exact integer reference is slower than backend='fake'; "
-                  f"set_engine(model, 'onednn' or 'reference') forces an integer engine", EngineFallbackWarning, stacklevel=4)
+                  f"set_engine(model, 'onednn' or 'reference') forces an integer engine", EngineFallbackWarning,
+                  stacklevel=4)
 
 
 def float_rows_linear(module, rows: torch.Tensor) -> torch.Tensor:

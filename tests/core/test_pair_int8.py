@@ -1,4 +1,7 @@
-"""Int8 pair activations: the holder's rounding, the chunked trunk against transformers, fidelity, recipes, artifacts."""
+"""Int8 pair activations.
+
+The holder's rounding, the chunked trunk against transformers, fidelity, recipes, artifacts.
+"""
 
 import copy
 import math
