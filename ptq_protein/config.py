@@ -45,8 +45,7 @@ class Scheme(str, enum.Enum):
     FP8 = "fp8"  # scaled 8-bit floating point (Micikevicius et al. 2022), format in TensorQuant.fp8_format
     # The PTQ4Protein study's quantizers, bit for bit (ptq_protein.quant.study); only in study-* recipes.
     STUDY_UNIFORM = "study_uniform"  # per tensor: signed [-2^(b-1), 2^(b-1)-1] x 2M/(2^b-1), or unsigned when min >= 0
-    # their pwlq-3: static M, per-call breakpoint, b-bit centre + b-bit [-M, M] tail (b+1 bits)
-    STUDY_PWLQ = "study_pwlq"
+    STUDY_PWLQ = "study_pwlq"  # pwlq-3: static M, per-call breakpoint, b-bit centre + b-bit [-M, M] tail (b+1 bits)
 
 
 class FP8Format(str, enum.Enum):
