@@ -15,8 +15,8 @@ import warnings
 
 import numpy as np
 import pytest
-
 from eval_testlib import FULL_NATIVE, STRUCTURES
+
 from ptq_protein.eval import arrays
 from ptq_protein.eval.contacts import contact_map
 from ptq_protein.eval.tmscore import paired_ca, tm_score_batch
@@ -96,3 +96,20 @@ def test_array_api_compat_numpy_gives_the_same_scores(bundled_pairs, monkeypatch
     monkeypatch.setattr(arrays, "_NATIVE_NUMPY", False)
     assert arrays.namespace(np.zeros(1)) is not np
     assert tm_score_batch(pairs[::4], lengths[::4]) == native
+
+
+def test_bench_small_commands_prints_its_table(capsys):
+    """scripts/bench_small_commands.py: every row timed, a baseline commit extracted and run (no timing asserted)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_small_commands.py"
+    spec = importlib.util.spec_from_file_location("bench_small_commands", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--rounds", "1", "--warmup", "0", "--only", "tmscore", "--baseline", "HEAD"]) == 0
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ") and not line.startswith(("| command", "| ---"))]
+    assert [r[0] for r in rows] == ["floor: python -c 'import numpy, Bio.PDB'", "tmscore", "tmscore (baseline)"]
+    for row in rows:
+        assert all(float(v) > 0 for v in (row[1], row[3], row[4])), row
