@@ -234,9 +234,8 @@ class _Features:
         prefix = xp.cumulative_sum(moments, axis=1, include_initial=True)
         squares = xp.sum(x * x, axis=-1) + xp.sum(y * y, axis=-1)
         squares = xp.where(valid, squares, xp.full_like(squares, _FAR_SQ))
-        columns = [squares, xp.ones_like(squares)] + [v[..., i] for v in (x, _outer(xp, y, x), y) for i in
-                                                       range(v.shape[-1])]  # _outer(y, x)[3i + j] = y_i x_j
-        basis = xp.stack(columns, axis=1)
+        linear = xp.concat([x, _outer(xp, y, x), y], axis=-1)  # [B, N, 15]; _outer(y, x)[3i + j] = y_i x_j
+        basis = xp.stack([squares, xp.ones_like(squares)] + [linear[..., k] for k in range(15)], axis=1)
         d0 = xp.asarray([d0_from_length(v) for v in lengths], dtype=dtype, device=where)
         return cls(moments=moments, prefix=prefix, basis=basis, n_common=n_common, inv_d0_sq=1.0 / (d0 * d0),
                    d0_search=xp.clip(d0, min=D0_SEARCH_MIN, max=D0_SEARCH_MAX),
