@@ -165,7 +165,7 @@ def _resolve_ambiguous_atoms(mob: np.ndarray, ref: np.ndarray, pairs: tuple, seq
             continue
         atoms = np.asarray([i * n_slots + s for pair in swaps for s in pair])
         lo, hi = np.searchsorted(sorted_ends, atoms), np.searchsorted(sorted_ends, atoms, side="right")
-        touching = np.unique(np.concatenate([pair_of[l:h] for l, h in zip(lo, hi)]))
+        touching = np.unique(np.concatenate([pair_of[start:end] for start, end in zip(lo, hi)]))
         if touching.size == 0:
             continue
         sel = (a[touching], b[touching], d_ref[touching])
@@ -177,7 +177,8 @@ def _resolve_ambiguous_atoms(mob: np.ndarray, ref: np.ndarray, pairs: tuple, seq
     return mob
 
 
-def _score(mob: np.ndarray, ref: np.ndarray, pairs: tuple, native: Structure, mode: LDDTMode, n_slots: int) -> LDDTResult:
+def _score(mob: np.ndarray, ref: np.ndarray, pairs: tuple, native: Structure, mode: LDDTMode,
+           n_slots: int) -> LDDTResult:
     a, b, d_ref = pairs
     score = _preserved(mob.reshape(-1, 3), a, b, d_ref)
     length = len(native)

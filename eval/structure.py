@@ -38,6 +38,7 @@ from ptq_protein.eval.atoms import (
     THREE_TO_ONE,
     UNKNOWN_RESIDUE,
 )
+from ptq_protein.eval.coords import atom37_from_arrays
 
 __all__ = ["Structure", "load_structure", "as_structure"]
 
@@ -74,7 +75,8 @@ class Structure:
     def __post_init__(self) -> None:
         numbers = np.asarray(self.residue_numbers)
         if numbers.ndim != 1 or (numbers.size and not np.issubdtype(numbers.dtype, np.integer)):
-            raise InputError(f"{self.source}: residue_numbers must be a 1-D integer array, got {numbers.dtype} {numbers.shape}")
+            raise InputError(f"{self.source}: residue_numbers must be a 1-D integer array, got {numbers.dtype} "
+                             f"{numbers.shape}")
         length = numbers.shape[0]
         coords = np.asarray(self.atom37, dtype=np.float64)
         mask = np.asarray(self.atom37_mask, dtype=bool)
@@ -176,7 +178,7 @@ class Structure:
         >>> s.residue_numbers.tolist()
         [1, 2, 3]
         """
-        coords, mask = _atom37_from_arrays(ca, n, c, atom37, atom37_mask, source)
+        coords, mask = atom37_from_arrays(ca, n, c, atom37, atom37_mask, source)
         length = coords.shape[0]
         numbers = np.arange(1, length + 1) if residue_numbers is None else np.asarray(residue_numbers)
         if numbers.shape != (length,):
@@ -191,7 +193,8 @@ def as_structure(value: Any, chain: Optional[str] = None) -> Structure:
     """A :class:`Structure` from a Structure, a file path / PDB or mmCIF text, or a CA array [L, 3]."""
     if isinstance(value, Structure):
         if chain is not None and chain != value.chain_id:
-            raise InputError(f"{value.source}: chain {chain!r} was asked for but this structure is chain {value.chain_id!r}")
+            raise InputError(f"{value.source}: chain {chain!r} was asked for but this structure is chain "
+                             f"{value.chain_id!r}")
         return value
     if isinstance(value, (str, os.PathLike)):
         return load_structure(value, chain=chain)
@@ -319,7 +322,8 @@ def _choose_chain(residues_by_chain: dict, chain: Optional[str], source: str) ->
         if not available:
             raise InputError(f"{source}: no amino-acid residues found (HETATM-only or empty file)")
         if len(available) > 1:
-            logger.info("%s: chains %s, using the first (%r); pick another with chain=", source, available, available[0])
+            logger.info("%s: chains %s, using the first (%r); pick another with chain=", source, available,
+                        available[0])
         return available[0]
     if chain not in residues_by_chain:
         raise InputError(f"{source}: no chain {chain!r}; chains with residues: {available}")
@@ -363,38 +367,3 @@ def _build(residues: list, chain_id: str, source: str) -> Structure:
     return Structure(chain_id=chain_id.strip() or chain_id, residue_numbers=np.asarray(numbers, dtype=np.int64),
                      insertion_codes=tuple(codes), sequence="".join(letters),
                      atom37=coords, atom37_mask=mask, source=source)
-
-
-def _to_numpy(value: Any, name: str, source: str) -> Optional[np.ndarray]:
-    if value is None:
-        return None
-    if hasattr(value, "detach"):  # torch tensor on any device
-        value = value.detach().cpu().numpy()
-    try:
-        return np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError) as err:
-        raise InputError(f"{source}: {name} is not a numeric array ({err})") from err
-
-
-def _atom37_from_arrays(ca, n, c, atom37, atom37_mask, source: str) -> tuple:
-    coords = _to_numpy(atom37, "atom37", source)
-    if coords is not None:
-        if coords.ndim != 3 or coords.shape[1:] != (37, 3):
-            raise InputError(f"{source}: atom37 must have shape [L, 37, 3], got {coords.shape}")
-        mask = np.isfinite(coords).all(-1) if atom37_mask is None else np.asarray(_to_numpy(atom37_mask, "atom37_mask", source), dtype=bool)
-        return np.nan_to_num(coords, nan=0.0), mask
-    backbone = {CA_INDEX: _to_numpy(ca, "ca", source), N_INDEX: _to_numpy(n, "n", source), C_INDEX: _to_numpy(c, "c", source)}
-    if backbone[CA_INDEX] is None:
-        raise InputError(f"{source}: give ca=[L, 3] or atom37=[L, 37, 3] coordinates")
-    length = backbone[CA_INDEX].shape[0]
-    coords = np.zeros((length, 37, 3))
-    mask = np.zeros((length, 37), dtype=bool)
-    for slot, xyz in backbone.items():
-        if xyz is None:
-            continue
-        if xyz.shape != (length, 3):
-            raise InputError(f"{source}: {ATOM37_NAMES[slot]} coordinates must have shape [{length}, 3], got {xyz.shape}")
-        present = np.isfinite(xyz).all(-1)
-        coords[present, slot] = xyz[present]
-        mask[:, slot] = present
-    return coords, mask

@@ -5,9 +5,10 @@ scores are normalised by ``L``: the native's residues with a CA (``normalize="na
 ``TMscore model native``), or the model's (``normalize="sequence"``: for a
 prediction, its full sequence, as ``TMscore native model`` computes it, which is how
 the ESMFold-quantization study called the program).
-The search itself is :func:`ptq_protein.eval.tmsearch.tm_search` (torch;
-cuda tensors stay on the GPU). ``rmsd`` is TMscore's "RMSD of the common
-residues": all paired CAs after their own optimal (least-squares) superposition.
+The search itself is :func:`ptq_protein.eval.tmsearch.tm_search`: numpy for
+numpy inputs (torch is not imported), torch for tensors (cuda tensors stay on
+the GPU). ``rmsd`` is TMscore's "RMSD of the common residues": all paired CAs
+after their own optimal (least-squares) superposition.
 
 Differences from the program, by design: insertion codes take part in
 pairing by number (TMscore reads the number only), MSE is read as MET
@@ -25,10 +26,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
-import torch
 
 from ptq_protein.errors import InputError
 from ptq_protein.eval.align import Pairing, pair_residues, parse_choice
+from ptq_protein.eval.arrays import is_torch_array, pick_backend, to_numpy
 from ptq_protein.eval.structure import as_structure
 from ptq_protein.eval.tmsearch import tm_search
 
@@ -164,8 +165,7 @@ def _warn_on_poor_pairing(model_s, native_s, im, jn, pairing) -> None:
 
 
 def tm_score_batch(pairs: Sequence[tuple], lengths: Optional[Sequence[int]] = None, *,
-                   device: Union[str, torch.device, None] = None,
-                   dtype: torch.dtype = torch.float64) -> list:
+                   device: Any = None, dtype: Any = None) -> list:
     """Score many (model, native) coordinate pairs at once.
 
     Parameters
@@ -176,9 +176,11 @@ def tm_score_batch(pairs: Sequence[tuple], lengths: Optional[Sequence[int]] = No
     lengths : sequence of int, optional
         Normalisation length of each pair (the native length); default the
         number of finite native rows.
-    device : optional
-        Where to compute; default the device of the first tensor (CPU for numpy).
-    dtype : torch.dtype
+    device : str or torch.device, optional
+        Where to compute (with torch); default the device of the first tensor.
+        When every input is a numpy array and neither a device nor a torch
+        dtype is given, the search runs in numpy and torch is not imported.
+    dtype : torch or numpy dtype, optional
         Compute precision (float64 by default).
 
     Returns
@@ -189,50 +191,43 @@ def tm_score_batch(pairs: Sequence[tuple], lengths: Optional[Sequence[int]] = No
         return []
     if lengths is not None and len(lengths) != len(pairs):
         raise InputError(f"lengths has {len(lengths)} entries for {len(pairs)} pairs")
-    device = torch.device(device) if device is not None else _first_device(pairs)
-    x, y, n_common, norm = _pad_pairs(pairs, lengths, device, dtype)
+    xp, where, dtype = pick_backend([item for pair in pairs for item in pair], device, dtype)
+    x, y, n_common, norm = _pad_pairs(xp, pairs, lengths, where, dtype)
     out = tm_search(x, y, n_common, norm)
-    gdt = out.gdt_counts.to(torch.float64) / norm.to(torch.float64)[:, None]
+    gdt = to_numpy(out.gdt_counts).astype(np.float64) / np.asarray(norm, dtype=np.float64)[:, None]
     gdt_ts, gdt_ha = gdt[:, 1:5].mean(-1), gdt[:, 0:4].mean(-1)
     return [
         TMScoreResult(tm_score=float(t), rmsd=float(r), gdt_ts=float(ts), gdt_ha=float(ha),
                       n_aligned=int(n), length=int(lg))
-        for t, r, ts, ha, n, lg in zip(out.tm_score.tolist(), out.rmsd.tolist(), gdt_ts.tolist(),
-                                       gdt_ha.tolist(), n_common.tolist(), norm.tolist())
+        for t, r, ts, ha, n, lg in zip(to_numpy(out.tm_score).tolist(), to_numpy(out.rmsd).tolist(),
+                                       gdt_ts.tolist(), gdt_ha.tolist(), n_common, norm)
     ]
 
 
-def _first_device(pairs: Sequence[tuple]) -> torch.device:
-    for pair in pairs:
-        for item in pair:
-            if isinstance(item, torch.Tensor):
-                return item.device
-    return torch.device("cpu")
+def _as_array(xp: Any, value: Any, where: str, device: Any, dtype: Any) -> Any:
+    if not is_torch_array(value):
+        value = np.asarray(value, dtype=np.float64)
+    array = xp.asarray(value, dtype=dtype, device=device)
+    if array.ndim != 2 or array.shape[-1] != 3:
+        raise InputError(f"{where} must be [N, 3] coordinates, got shape {tuple(array.shape)}")
+    return array
 
 
-def _as_tensor(value: Any, where: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value, dtype=np.float64))
-    tensor = tensor.to(device=device, dtype=dtype)
-    if tensor.dim() != 2 or tensor.shape[-1] != 3:
-        raise InputError(f"{where} must be [N, 3] coordinates, got shape {tuple(tensor.shape)}")
-    return tensor
-
-
-def _pad_pairs(pairs: Sequence[tuple], lengths: Optional[Sequence[int]], device: torch.device,
-               dtype: torch.dtype) -> tuple:
-    """Padded [B, N, 3] coordinates of the finite pairs, their counts and normalisation lengths."""
+def _pad_pairs(xp: Any, pairs: Sequence[tuple], lengths: Optional[Sequence[int]], device: Any, dtype: Any) -> tuple:
+    """Padded [B, N, 3] coordinates of the finite pairs, their counts and normalisation lengths (lists)."""
     xs, ys, norm = [], [], []
     for b, pair in enumerate(pairs):
         if len(pair) != 2:
             raise InputError(f"pairs[{b}] must be a (model_ca, native_ca) pair")
-        x = _as_tensor(pair[0], f"pairs[{b}][0]", device, dtype)
-        y = _as_tensor(pair[1], f"pairs[{b}][1]", device, dtype)
+        x = _as_array(xp, pair[0], f"pairs[{b}][0]", device, dtype)
+        y = _as_array(xp, pair[1], f"pairs[{b}][1]", device, dtype)
         if x.shape != y.shape:
             raise InputError(f"pairs[{b}]: model and native have {x.shape[0]} and {y.shape[0]} rows; "
                              "pair them first (tm_score or paired_ca)")
-        keep = torch.isfinite(x).all(-1) & torch.isfinite(y).all(-1)
-        n = int(keep.sum())
-        length = int(torch.isfinite(y).all(-1).sum()) if lengths is None else int(lengths[b])
+        native_rows = xp.all(xp.isfinite(y), axis=-1)
+        keep = xp.all(xp.isfinite(x), axis=-1) & native_rows
+        n = int(xp.count_nonzero(keep))
+        length = int(xp.count_nonzero(native_rows)) if lengths is None else int(lengths[b])
         if n == 0:
             raise InputError(f"pairs[{b}] has no finite pair of coordinates in common")
         if length < n:
@@ -243,10 +238,9 @@ def _pad_pairs(pairs: Sequence[tuple], lengths: Optional[Sequence[int]], device:
         ys.append(y[keep])
         norm.append(length)
     width = max(v.shape[0] for v in xs)
-    x_pad = torch.zeros(len(xs), width, 3, dtype=dtype, device=device)
-    y_pad = torch.zeros_like(x_pad)
+    x_pad = xp.zeros((len(xs), width, 3), dtype=dtype, device=device)
+    y_pad = xp.zeros_like(x_pad)
     for b, (x, y) in enumerate(zip(xs, ys)):
         x_pad[b, : x.shape[0]] = x
         y_pad[b, : y.shape[0]] = y
-    n_common = torch.as_tensor([v.shape[0] for v in xs], device=device)
-    return x_pad, y_pad, n_common, torch.as_tensor(norm, device=device)
+    return x_pad, y_pad, [v.shape[0] for v in xs], norm

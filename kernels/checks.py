@@ -101,7 +101,8 @@ def check_row_param(name: str, t: object, rows: int, dtype: torch.dtype) -> tupl
         return t, 0
     if tuple(t.shape) == (rows,):
         return t, t.stride(0)
-    raise ValueError(f"{name} must be a scalar tensor (per-tensor) or have shape ({rows},) (per-row), got {tuple(t.shape)}")
+    raise ValueError(f"{name} must be a scalar tensor (per-tensor) or have shape ({rows},) (per-row), got "
+                     f"{tuple(t.shape)}")
 
 
 def check_same_device(**tensors: Optional[torch.Tensor]) -> torch.device:

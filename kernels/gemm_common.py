@@ -194,7 +194,8 @@ def check_inner(k_x: int, k_w: int, x_name: str, w_name: str) -> None:
     """The reduction lengths of activation and weight must agree and fit the int32 epilogue."""
     if k_x != k_w:
         raise ValueError(
-            f"{x_name} has K={k_x} columns but {w_name} has K={k_w}; they must match (weights in nn.Linear layout [N, K])"
+            f"{x_name} has K={k_x} columns but {w_name} has K={k_w}; they must match (weights in nn.Linear "
+            "layout [N, K])"
         )
     if not 1 <= k_x <= MAX_K:
         raise ValueError(f"K={k_x} must be in [1, {MAX_K}] so the int32 accumulator cannot overflow")

@@ -17,17 +17,22 @@ from ptq_protein.config import Backend, QuantConfig
 from ptq_protein.errors import InputError
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.mapped import mapped_file_of
-from ptq_protein.passes.fit_activations import fit_activation_quantizers
+from ptq_protein.passes.fit_activations import fit_activation_quantizers  # re-exported: public since 0.1
 from ptq_protein.passes.plan import plan_calibration, static_sites
 from ptq_protein.passes.recipe import resolve_recipe
 from ptq_protein.passes.run import Run
-from ptq_protein.passes.sequences import (CalibrationArg, calibration_records, calibration_sequences, crop_sequence,
-                                          resolve_calibration)
+from ptq_protein.passes.sequences import (
+    CalibrationArg,
+    calibration_records,
+    calibration_sequences,
+    crop_sequence,
+    resolve_calibration,
+)
 from ptq_protein.passes.state import CalibrationInfo, CalibrationPass, QuantState
 from ptq_protein.presets import resolve_config
 
 __all__ = ["quantize", "QuantState", "CalibrationInfo", "CalibrationPass", "resolve_calibration", "static_sites",
-           "calibration_sequences", "calibration_records", "crop_sequence"]
+           "calibration_sequences", "calibration_records", "crop_sequence", "fit_activation_quantizers"]
 
 
 def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwlq",

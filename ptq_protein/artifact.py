@@ -38,24 +38,33 @@ from torch import nn
 
 from ptq_protein import __version__
 from ptq_protein.api import CalibrationInfo, QuantState
-from ptq_protein.models.architecture import build_architecture, describe_architecture
-from ptq_protein.config import Backend, QuantConfig, SiteKind, TensorQuant
 from ptq_protein.artifact_hf import HF_CONFIG, TOKENIZER_FILES, copy_tokenizer_files, hf_config, tokenizer_source
-from ptq_protein.model_card import CARD, model_card
-from ptq_protein.artifact_seal import (SEAL_KEY, TENSORS_DIGEST, canonical_json, check_files_entry,
-                                      check_recipe_object, check_sealed, check_tensors, file_sha256, plain_file,
-                                      tensors_sha256)
+from ptq_protein.artifact_seal import (
+    SEAL_KEY,
+    TENSORS_DIGEST,
+    canonical_json,
+    check_files_entry,
+    check_recipe_object,
+    check_sealed,
+    check_tensors,
+    file_sha256,
+    plain_file,
+    tensors_sha256,
+)
+from ptq_protein.calibration.matmul_sites import QuantMatmulHost
+from ptq_protein.calibration.sites import Site, set_module
+from ptq_protein.config import Backend, QuantConfig, SiteKind, TensorQuant
 from ptq_protein.errors import ArtifactError
 from ptq_protein.io_utils import atomic_dir, check_out_path
-from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
-from ptq_protein.nn.special_tokens import apply_special_tokens_
-from ptq_protein.nn.pair_int8 import use_pair_int8
 from ptq_protein.kernels.packing import pack_int4, unpack_int4
+from ptq_protein.model_card import CARD, model_card
+from ptq_protein.models.architecture import build_architecture, describe_architecture
+from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
+from ptq_protein.nn.pair_int8 import use_pair_int8
+from ptq_protein.nn.special_tokens import apply_special_tokens_
 from ptq_protein.quant.codebook import PiecewiseCodebook
 from ptq_protein.report import report_markdown
 from ptq_protein.site_plan import MixedPlan
-from ptq_protein.calibration.matmul_sites import QuantMatmulHost
-from ptq_protein.calibration.sites import Site, set_module
 
 __all__ = ["save", "load", "is_artifact_dir", "check_artifact_out", "ARTIFACT_FORMAT", "ARTIFACT_VERSION"]
 
@@ -85,7 +94,8 @@ def _replaceable_artifact(path: Path) -> bool:
     """
     if path.is_symlink() or (path / RECIPE).is_symlink() or not is_artifact_dir(path):
         return False
-    foreign = sorted(p.name for p in path.iterdir() if p.name not in ARTIFACT_FILES or not p.is_file() or p.is_symlink())
+    foreign = sorted(p.name for p in path.iterdir()
+                     if p.name not in ARTIFACT_FILES or not p.is_file() or p.is_symlink())
     if foreign:
         raise FileExistsError(f"{path} holds {foreign[0]!r}, which is not part of a ptq-protein artifact; --force "
                               "replaces only an artifact's own files: move it away or choose another path")
@@ -206,7 +216,8 @@ def save(qmodel: nn.Module, path: Union[str, Path], *, force: bool = False,
 
 def _read_recipe(path: Path) -> Dict[str, Any]:
     if not path.is_dir():
-        raise ArtifactError(f"{path} is not an artifact folder (expected {RECIPE} and {TENSORS}); run 'ptq-protein quantize ... --out {path}'")
+        raise ArtifactError(f"{path} is not an artifact folder (expected {RECIPE} and {TENSORS}); run 'ptq-protein "
+                            f"quantize ... --out {path}'")
     if not (path / RECIPE).exists() and not (path / RECIPE).is_symlink():
         raise ArtifactError(f"{path} has no {RECIPE}: not a ptq-protein artifact, or an incomplete copy")
     try:
@@ -317,7 +328,8 @@ def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = N
             quants = {k: ActQuantizer.from_state(v) for k, v in entry["operands"].items()}
             set_module(model, name, QuantMatmulHost(model.get_submodule(name), name, quants))
         else:
-            set_module(model, name, QuantInput(model.get_submodule(name), ActQuantizer.from_state(entry["input_quant"])))
+            set_module(model, name,
+                       QuantInput(model.get_submodule(name), ActQuantizer.from_state(entry["input_quant"])))
     for alias, target in recipe.get("aliases", {}).items():
         tensors[alias] = tensors[target]
     missing, unexpected = model.load_state_dict(tensors, strict=False)
@@ -327,16 +339,19 @@ def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = N
     apply_special_tokens_(model, adapter, config)
     if config.pair_bits is not None:
         use_pair_int8(model, config.pair_bits)
-    sites = [Site(s["name"], SiteKind(s["kind"]), s["group"], s["module_type"], s["is_head"]) for s in recipe["site_list"]]
+    sites = [Site(s["name"], SiteKind(s["kind"]), s["group"], s["module_type"],
+                  s["is_head"]) for s in recipe["site_list"]]
     calib = recipe.get("calibration")
     report = json.loads((path / REPORT_JSON).read_text())  # verified above: a plain file with the sealed sha256
     plan = recipe.get("mixed_precision")
     try:
         plan = None if plan is None else MixedPlan.from_dict(plan)
     except ValueError as err:
-        raise ArtifactError(f"{path / RECIPE}: its mixed-precision plan is invalid ({err}); re-run quantize --auto") from err
+        raise ArtifactError(f"{path / RECIPE}: its mixed-precision plan is invalid ({err}); "
+                            "re-run quantize --auto") from err
     model.ptq_state = QuantState(config, recipe["family"], sites, {n: e["kind"] for n, e in recipe["sites"].items()},
-                                 None if calib is None else CalibrationInfo(**calib), report, recipe.get("fp_sites", []),
+                                 None if calib is None else CalibrationInfo(**calib), report,
+                                 recipe.get("fp_sites", []),
                                  plan=plan)
     model.ptq_recipe = recipe
     return set_engine(model.eval().to(device), engine)

@@ -45,7 +45,7 @@ class Scheme(str, enum.Enum):
     FP8 = "fp8"  # scaled 8-bit floating point (Micikevicius et al. 2022), format in TensorQuant.fp8_format
     # The PTQ4Protein study's quantizers, bit for bit (ptq_protein.quant.study); only in study-* recipes.
     STUDY_UNIFORM = "study_uniform"  # per tensor: signed [-2^(b-1), 2^(b-1)-1] x 2M/(2^b-1), or unsigned when min >= 0
-    STUDY_PWLQ = "study_pwlq"  # their pwlq-3: static M, per-call breakpoint, b-bit centre + b-bit [-M, M] tail (b+1 bits)
+    STUDY_PWLQ = "study_pwlq"  # pwlq-3: static M, per-call breakpoint, b-bit centre + b-bit [-M, M] tail (b+1 bits)
 
 
 class FP8Format(str, enum.Enum):
@@ -164,9 +164,11 @@ class TensorQuant:
         if isinstance(self.bits, bool) or not isinstance(self.bits, int):
             raise TypeError(f"bits must be an integer, got {self.bits!r}")
         if not MIN_BITS <= self.bits <= MAX_BITS:
-            raise ValueError(f"bits={self.bits} is outside {MIN_BITS}..{MAX_BITS}; pick a width in that range (8 is usual)")
+            raise ValueError(f"bits={self.bits} is outside {MIN_BITS}..{MAX_BITS}; pick a width in that range "
+                             "(8 is usual)")
         if self.scheme is Scheme.PWLQ and self.bits < 3:
-            raise ValueError(f"piecewise-linear quantization needs at least 3 bits (got {self.bits}); use uniform for 2 bits")
+            raise ValueError(f"piecewise-linear quantization needs at least 3 bits (got {self.bits}); use "
+                             "uniform for 2 bits")
         if not 1 <= self.breakpoints <= 3:
             raise ValueError(f"breakpoints={self.breakpoints} must be 1, 2 or 3 per side")
         if not 50.0 < self.percentile <= 100.0:
@@ -292,7 +294,8 @@ class QuantConfig:
             raise ValueError("gptq needs symmetric per-channel uniform weights (weights=TensorQuant(bits=4 or 8, "
                              "granularity='per_channel', symmetric=True)); drop gptq or change the weights")
         if self.weights is not None and (self.weights.dynamic or self.weights.granularity is Granularity.PER_TOKEN):
-            raise ValueError("weights are quantized once from their own values: use per_tensor or per_channel, not dynamic/per_token")
+            raise ValueError("weights are quantized once from their own values: use per_tensor or per_channel, not "
+                             "dynamic/per_token")
         fp8 = [n for n in ("weights", "activations") if getattr(self, n) is not None
                and getattr(self, n).scheme is Scheme.FP8]
         acts = self.activations
@@ -308,7 +311,8 @@ class QuantConfig:
         if self.pair_bits not in _PAIR_BITS:
             raise ValueError(f"pair_bits={self.pair_bits!r}: use 8 (int8 pair activations) or None (float)")
         if self.version != CONFIG_VERSION:
-            raise ValueError(f"config version {self.version} is not supported (this is version {CONFIG_VERSION}); re-quantize with this release")
+            raise ValueError(f"config version {self.version} is not supported (this is version {CONFIG_VERSION}); "
+                             "re-quantize with this release")
 
     def _check_study(self) -> None:
         if isinstance(self.study, dict):
@@ -392,4 +396,5 @@ class QuantConfig:
         a += f" (SmoothQuant alpha={self.smoothquant.alpha})" if self.smoothquant is not None else ""
         special = f"; BOS/EOS {self.special_tokens.value}" if self.activations is not None else ""
         pair = "" if self.pair_bits is None else f"; pair activations int{self.pair_bits}"
-        return f"{self.name}: weights {w}; activations {a}; sites {','.join(k.value for k in self.kinds)}{special}{pair}"
+        kinds = ",".join(k.value for k in self.kinds)
+        return f"{self.name}: weights {w}; activations {a}; sites {kinds}{special}{pair}"

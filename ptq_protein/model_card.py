@@ -57,7 +57,8 @@ def _base_model(name: str) -> Optional[str]:
 
 def _source(model: Dict[str, Any]) -> List[str]:
     sha = model.get("source_sha256")
-    return ["## Source model", "", f"- name: {model.get('name', 'unknown')}", f"- read from: {model.get('source', 'unknown')}",
+    return ["## Source model", "", f"- name: {model.get('name', 'unknown')}",
+            f"- read from: {model.get('source', 'unknown')}",
             f"- sha256 of its weights: {sha or 'not recorded'}"]
 
 

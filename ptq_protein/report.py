@@ -16,9 +16,9 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 from torch import nn
 
+from ptq_protein.calibration.sites import Site
 from ptq_protein.config import QuantConfig, SiteKind
 from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
-from ptq_protein.calibration.sites import Site
 
 __all__ = ["build_report", "report_markdown", "sqnr_db", "asymmetry"]
 

@@ -127,7 +127,8 @@ def bench_model(label: str, model, seqs: Sequence[str], presets: Sequence[str], 
         met = "yes" if ratio <= goal else f"no (+{100 * (ratio / goal - 1):.0f}% over)"
         share = " / ".join(f"{100 * parts[k] / tensor_bytes:.0f}" for k in parts)
         rows.append([label, preset, share, tensor_bytes / 2**20, f"{ratio:.3f}", f"{folder_bytes / fp32:.3f}",
-                     f"<= {goal}: {met}", "yes" if same else "NO", ",".join(names) if len(names) <= 2 else f"{len(names)} tensors"])
+                     f"<= {goal}: {met}", "yes" if same else "NO",
+                     ",".join(names) if len(names) <= 2 else f"{len(names)} tensors"])
     return rows
 
 
@@ -138,7 +139,8 @@ def _models(quick: bool) -> List[Tuple[str, Callable[[], torch.nn.Module], Seque
     if not quick:
         from ptq_protein.models.tiny import tiny_esmfold
 
-        out.append(("tiny ESMFold (info)", lambda: tiny_esmfold(seed=0)[0], random_sequences(CALIBRATION_SEQS, 24, seed=1)))
+        out.append(("tiny ESMFold (info)", lambda: tiny_esmfold(seed=0)[0],
+                    random_sequences(CALIBRATION_SEQS, 24, seed=1)))
     return out
 
 
@@ -149,7 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    print(f"# Artifact size vs fp32 safetensors\n\n`{command_line(argv, __file__)}`\n\n{environment_line(args.threads)}\n")
+    print(f"# Artifact size vs fp32 safetensors\n\n`{command_line(argv, __file__)}`\n\n"
+          f"{environment_line(args.threads)}\n")
     rows = []
     with tempfile.TemporaryDirectory(prefix="ptq-artifact-bench-") as tmp:
         for i, (label, build, seqs) in enumerate(_models(args.quick)):

@@ -44,7 +44,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_cpu_anchors as anchor  # noqa: E402  (sibling script: the existing engines)
 from bench_quantize import (  # noqa: E402  (sibling script: shared model, sequences and table helpers)
-    FULL_SHAPE, QUICK_SHAPE, ModelShape, build_esm2, command_line, environment_line, markdown_table, random_sequences,
+    FULL_SHAPE,
+    QUICK_SHAPE,
+    ModelShape,
+    build_esm2,
+    command_line,
+    environment_line,
+    markdown_table,
+    random_sequences,
 )
 
 GOAL_MEMORY = 0.4
@@ -257,6 +264,7 @@ def _rss_mib() -> float:
 def memory_child(kind: str, shape: ModelShape, artifact: str) -> Dict[str, float]:
     """RSS growth (MiB) of one loaded model after one forward, over the RSS after imports."""
     import esm  # noqa: F401  (everything either side imports comes before the baseline)
+
     import ptq_protein as pp
     import ptq_protein.api  # noqa: F401
     import ptq_protein.artifact  # noqa: F401
@@ -291,7 +299,8 @@ def bench_memory(threads: int, quick: bool) -> Dict[str, dict]:
         for kind in ("fp", "int8"):
             cmd = [sys.executable, __file__, "--memory-child", kind, str(Path(tmp) / "w8a8-pwlq"),
                    "--threads", str(threads)] + (["--quick"] if quick else [])
-            out[kind] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+            out[kind] = json.loads(subprocess.run(cmd, check=True, capture_output=True,
+                                                  text=True).stdout.splitlines()[-1])
     return out
 
 
@@ -313,20 +322,22 @@ def goal_lines(t: Dict[str, tuple], presets: Sequence[str]) -> List[str]:
     uni = t.get("w8a8-uniform, int8")
     if uni:
         qd = ratio.get("quantize_dynamic (torch.ao, int8 Linear)")
-        lines.append(f"uniform int8 {ratio['w8a8-uniform, int8']:.2f}x <= 0.5x: {_met(ratio['w8a8-uniform, int8'] <= 0.5)}"
+        lines.append(f"uniform int8 {ratio['w8a8-uniform, int8']:.2f}x <= 0.5x: "
+                     f"{_met(ratio['w8a8-uniform, int8'] <= 0.5)}"
                      + ("" if qd is None else f"; no slower than quantize_dynamic ({qd:.2f}x): "
                         f"{_met(ratio['w8a8-uniform, int8'] <= qd)}"))
         exact_ort = [n for n in t if n.startswith("ONNX Runtime") and n.endswith("[exact]")]
         if exact_ort:
             best = min(exact_ort, key=ratio.get)
-            lines.append(f"uniform int8 no slower than the fastest exact ONNX Runtime row ({best}, {ratio[best]:.2f}x): "
-                         f"{_met(ratio['w8a8-uniform, int8'] <= ratio[best])}")
+            lines.append(f"uniform int8 no slower than the fastest exact ONNX Runtime row ({best}, "
+                         f"{ratio[best]:.2f}x): {_met(ratio['w8a8-uniform, int8'] <= ratio[best])}")
     pwlq = [n for n in t if "pwlq" in n and ", int8" in n and "reference" not in n]
     if pwlq:
         best = min(pwlq, key=ratio.get)
         line = f"best PWLQ int8 ({best}) {ratio[best]:.2f}x <= 0.6x: {_met(ratio[best] <= 0.6)}"
         if uni:
-            line += f"; error {t[best][3]:.2%} <= 0.75 x uniform int8's {uni[3]:.2%}: {_met(t[best][3] <= 0.75 * uni[3])}"
+            met = _met(t[best][3] <= 0.75 * uni[3])
+            line += f"; error {t[best][3]:.2%} <= 0.75 x uniform int8's {uni[3]:.2%}: {met}"
         lines.append(line)
     for preset in presets:
         if f"{preset}, int8" in t:
@@ -347,7 +358,8 @@ def print_memory(threads: int, quick: bool) -> None:
     print(markdown_table(["model", "RSS growth MiB", "weights in state_dict MiB", "engine"],
                          [[k, round(v["rss_mib"], 1), round(v["state_dict_weight_mib"], 1), v["engine"] or "-"]
                           for k, v in mem.items()]))
-    print(f"\nint8 / FP resident: {ratio:.2f}x (goal <= {GOAL_MEMORY}x: {'met' if ratio <= GOAL_MEMORY else 'NOT met'})")
+    met = "met" if ratio <= GOAL_MEMORY else "NOT met"
+    print(f"\nint8 / FP resident: {ratio:.2f}x (goal <= {GOAL_MEMORY}x: {met})")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

@@ -34,8 +34,20 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_quantize import (  # noqa: E402  (sibling script: shared model, sequences and table helpers)
-    FULL_SHAPE, QUICK_SHAPE, ModelShape, _current_rss_kib, _fp_forwards, _reset_peak_rss, _seconds, build_esm2,
-    command_line, environment_line, markdown_table, random_sequences, run_memory_child)
+    FULL_SHAPE,
+    QUICK_SHAPE,
+    ModelShape,
+    _current_rss_kib,
+    _fp_forwards,
+    _reset_peak_rss,
+    _seconds,
+    build_esm2,
+    command_line,
+    environment_line,
+    markdown_table,
+    random_sequences,
+    run_memory_child,
+)
 
 RECIPE = "w4-gptq"
 
@@ -130,7 +142,8 @@ def main(argv: Sequence[str] = ()) -> int:
     t = bench_time(model, seqs, args.batch_size, args.reps)
     mem = bench_memory(shape_flag, args.calib_seqs, args.batch_size, args.threads)
     print(f"## GPTQ calibration cost ({shape.describe()}, {args.calib_seqs} sequences, batch {args.batch_size})\n")
-    print(f"`{command_line(argv, __file__)}`; {environment_line(args.threads)}; medians of {args.reps} interleaved runs\n")
+    print(f"`{command_line(argv, __file__)}`; {environment_line(args.threads)}; medians of {args.reps} "
+          "interleaved runs\n")
     rows = [[name, seconds, f"{seconds / t['fp']:.1f}x"] for name, seconds in t.items()]
     print(markdown_table(["job", "seconds", "/ FP forwards"], rows) + "\n")
     mrows = [[job, m["rss_before_kib"] / 1024, (m["peak_kib"] - m["rss_before_kib"]) / 1024, m["peak_reset"]]

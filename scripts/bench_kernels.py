@@ -93,8 +93,15 @@ def gemm_row(case: Case, device, cuda: bool) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from ptq_protein.kernels import (fp8_gemm_supported, fp8_linear, int4_linear, int8_linear, pack_int4, pwlq_linear,
-                                     quantize_per_token)
+    from ptq_protein.kernels import (
+        fp8_gemm_supported,
+        fp8_linear,
+        int4_linear,
+        int8_linear,
+        pack_int4,
+        pwlq_linear,
+        quantize_per_token,
+    )
     from ptq_protein.quant.fp8 import fp8_per_token, fp8_quantize, fp8_scale
 
     gen = torch.Generator(device=device).manual_seed(case.m + case.k + case.n)

@@ -99,8 +99,6 @@ def fidelity(model: str, length: int, num_recycles: int = 0) -> Dict:
     and the share of pair vectors kept exact (crest factor over the threshold)."""
     import copy
 
-    import torch
-
     from ptq_protein.eval.bench.folding import fold_one
     from ptq_protein.eval.structure import as_structure
     from ptq_protein.eval.tmscore import tm_score
@@ -160,7 +158,8 @@ def longest_fitting(model: str, mode: str, budget: int) -> int:
 
 
 def table(rows: List[Dict]) -> str:
-    out = ["| model | mode | L | peak GiB (measured) | predicted GiB | error | time s |", "|---|---|---|---|---|---|---|"]
+    out = ["| model | mode | L | peak GiB (measured) | predicted GiB | error | time s |",
+           "|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             out.append(f"| {r['model']} | {r['mode']} | {r['length']} | — | — | — | {r['error']} |")

@@ -36,8 +36,8 @@ from ptq_protein.models.loading import load_model
 loaded = load_model({path!r}, config=esmfold_trunk_config(), mmap=True)
 {body}
 """
-_QUANTIZE_TRUNK = """q = pp.quantize(loaded.model, {recipe!r}, calibration={calib!r}, calib_max_length=128, num_recycles=0,
-                inplace=True)
+_QUANTIZE_TRUNK = """q = pp.quantize(loaded.model, {recipe!r}, calibration={calib!r}, calib_max_length=128,
+                num_recycles=0, inplace=True)
 pp.save(q, {out!r}, force=True)"""
 _FP_FORWARD = """
 import torch
@@ -106,7 +106,8 @@ def main(argv=None) -> int:
             ratio = "" if fp is None else f"{q['wall_s'] / fp['wall_s']:.2f}x"
             fp_text = "" if fp is None else f"{fp['wall_s']:.0f} ({fp['user_s']:.0f})"
             label = kind if args.rounds == 1 else f"{kind}, round {i + 1}"
-            print(f"| {label} | {size / 1e9:.2f} | {mode} | {q['rss_gib']:.2f} | {q['rss_gib'] * 2 ** 30 / size:.2f}x | "
+            print(f"| {label} | {size / 1e9:.2f} | {mode} | {q['rss_gib']:.2f} | "
+                  f"{q['rss_gib'] * 2 ** 30 / size:.2f}x | "
                   f"{q['wall_s']:.0f} ({q['user_s']:.0f}, {q['sys_s']:.0f}) | {fp_text} | {ratio} |", flush=True)
         if args.rounds > 1 and not args.no_fp:
             ratios = sorted(q["wall_s"] / fp["wall_s"] for q, fp in rounds)

@@ -40,10 +40,16 @@ from typing import Callable, Dict, List, Sequence
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_quantize import (  # noqa: E402  (sibling script: shared model, sequences and table helpers)
-    FULL_SHAPE, QUICK_SHAPE, build_esm2, command_line, environment_line, markdown_table, random_sequences,
-)
 from bench_cpu_int8 import cpu_facts  # noqa: E402
+from bench_quantize import (  # noqa: E402  (sibling script: shared model, sequences and table helpers)
+    FULL_SHAPE,
+    QUICK_SHAPE,
+    build_esm2,
+    command_line,
+    environment_line,
+    markdown_table,
+    random_sequences,
+)
 
 RECIPES = ("w8a8-uniform", "w8a8-dynamic", "w8a8-uniform-include")  # -include: BOS/EOS quantized like residues
 
@@ -82,8 +88,9 @@ def _fp_export(model, path: Path) -> None:
 
 def build_paths(shape, threads: int, length: int, folder: Path) -> tuple:
     """``({name: () -> logits}, tokens)`` for every path of the table."""
-    import ptq_protein as pp
     from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    import ptq_protein as pp
     from ptq_protein.interop.onnx_export import export_onnx, ort_session
     from ptq_protein.models.adapters import get_adapter
 
@@ -99,7 +106,8 @@ def build_paths(shape, threads: int, length: int, folder: Path) -> tuple:
         pp.save(qmodel, folder / recipe)
         export_onnx(folder / recipe, folder / f"{recipe}.onnx")
         paths[f"torch {recipe} fake"] = lambda q=qmodel: q(tokens)["logits"]
-        paths[f"torch {recipe} fake float64"] = lambda q=copy.deepcopy(qmodel).double(): q(tokens)["logits"].float()
+        fake64 = copy.deepcopy(qmodel).double()
+        paths[f"torch {recipe} fake float64"] = lambda q=fake64: q(tokens)["logits"].float()
         sessions[f"ORT ours {recipe}"] = ort_session(folder / f"{recipe}.onnx", threads)
     for reduce in (False, True):
         name = f"ORT quantize_dynamic{' reduce_range' if reduce else ''}"

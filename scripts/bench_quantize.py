@@ -169,15 +169,18 @@ def bench_calibration(model, seqs: Sequence[str], batch_size: int, reps: int) ->
 
 
 def bench_forward(model, qmodels: Dict[str, torch.nn.Module], tokens: torch.Tensor, reps: int) -> Dict[str, tuple]:
-    """Per model: (seconds of the first forward, which compiles the fused quantizers, median seconds after), interleaved."""
+    """Per model: (seconds of the first forward, which compiles the fused quantizers, median seconds after).
+
+    The models run interleaved.
+    """
     models = {"fp": model, **qmodels}
     times: Dict[str, List[float]] = {name: [] for name in models}
     with torch.no_grad():
-        first = {name: _seconds(lambda: m(tokens)) for name, m in models.items()}  # warm-up
+        first = {name: _seconds(lambda m=m: m(tokens)) for name, m in models.items()}  # warm-up
         names = list(models)
         for rep in range(reps):
             for name in names[rep % len(names):] + names[:rep % len(names)]:
-                times[name].append(_seconds(lambda: models[name](tokens)))
+                times[name].append(_seconds(lambda name=name: models[name](tokens)))
     return {name: (first[name], statistics.median(values)) for name, values in times.items()}
 
 
@@ -204,10 +207,10 @@ def _reset_peak_rss() -> bool:
 
 def prepared_calibration(model, preset: str, seqs: Sequence[str], batch_size: int) -> Callable[[], object]:
     """``calibrate`` of ``preset`` on ``model`` (prepared as pp.quantize prepares it), as a no-argument call."""
-    from ptq_protein.models.adapters import get_adapter
     from ptq_protein.calibration.calibrate import calibrate
-    from ptq_protein.presets import resolve_config
     from ptq_protein.calibration.sites import discover_sites, select_sites
+    from ptq_protein.models.adapters import get_adapter
+    from ptq_protein.presets import resolve_config
 
     adapter = get_adapter(model)
     adapter.prepare(model)
@@ -218,7 +221,10 @@ def prepared_calibration(model, preset: str, seqs: Sequence[str], batch_size: in
 
 
 def bench_calibrate_only(model, seqs: Sequence[str], batch_size: int, reps: int) -> Dict[str, float]:
-    """Median seconds of ``calibrate`` alone per preset (no copy or search around it) and of FP forwards, interleaved."""
+    """Median seconds of ``calibrate`` alone per preset (no copy or search around it) and of FP forwards.
+
+    Interleaved.
+    """
     import copy
 
     from ptq_protein.models.adapters import get_adapter
@@ -280,7 +286,8 @@ def run_memory_child(script: str, shape_flag: List[str], job: str, count: int, b
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def bench_memory(shape_flag: List[str], preset: str, sizes: Sequence[int], batch_size: int, threads: int) -> Dict[int, dict]:
+def bench_memory(shape_flag: List[str], preset: str, sizes: Sequence[int], batch_size: int,
+                 threads: int) -> Dict[int, dict]:
     """Run :func:`memory_child` in a fresh interpreter per size."""
     return {count: run_memory_child(__file__, shape_flag, preset, count, batch_size, threads) for count in sizes}
 
@@ -297,7 +304,8 @@ def calibration_rows(t: Dict[str, float]) -> List[list]:
     for p in PRESETS:
         cal, total = t[f"{p}/calibrate"], t[f"{p}/total"]
         ratio = cal / t["fp"]
-        rows.append([p, t["fp"], cal, total - cal, f"{ratio:.2f}x", f"<= {GOAL_CALIBRATION}x: {_met(ratio, GOAL_CALIBRATION)}"])
+        goal = f"<= {GOAL_CALIBRATION}x: {_met(ratio, GOAL_CALIBRATION)}"
+        rows.append([p, t["fp"], cal, total - cal, f"{ratio:.2f}x", goal])
     return rows
 
 
@@ -317,7 +325,8 @@ def memory_rows(preset: str, mem: Dict[int, dict]) -> list:
     small, large = (mem[n] for n in MEMORY_SIZES)
     growth = large["peak_kib"] / small["peak_kib"] - 1
     inc = [(m["peak_kib"] - m["rss_before_kib"]) / 1024 for m in (small, large)]
-    goal = "(reference)" if preset == "fp" else f"<= {100 * GOAL_MEMORY_GROWTH:.0f}%: {_met(growth, GOAL_MEMORY_GROWTH)}"
+    goal = ("(reference)" if preset == "fp"
+            else f"<= {100 * GOAL_MEMORY_GROWTH:.0f}%: {_met(growth, GOAL_MEMORY_GROWTH)}")
     label = "fp forwards (no hooks)" if preset == "fp" else preset
     mib = [f"{v:.0f}" for v in (small["peak_kib"] / 1024, large["peak_kib"] / 1024, *inc)]
     return [label, mib[0], mib[1], f"{100 * growth:+.1f}%", mib[2], mib[3], goal]
@@ -377,7 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     alone = bench_calibrate_only(model, seqs, args.batch_size, args.reps)
     print(f"## Calibration alone (`calibrate` on prepared copies, no pp.quantize around it; {len(seqs)} sequences, "
           f"batch {args.batch_size})\n")
-    print(markdown_table(["recipe", "FP s", "calibrate s", "calibrate / FP", "goal"], calibrate_only_rows(alone)) + "\n")
+    print(markdown_table(["recipe", "FP s", "calibrate s", "calibrate / FP", "goal"],
+                         calibrate_only_rows(alone)) + "\n")
     from ptq_protein.models.adapters import get_adapter
 
     batch = get_adapter(model).make_batch(random_sequences(args.batch_size, shape.seq_len, seed=2))

@@ -95,7 +95,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="ESM-2 auto only (smoke test)")
     parser.add_argument("--parts", default="auto-esm2,auto-esmfold,sensitivity",
-                        help="comma list of auto-esm2, auto-esmfold, sensitivity (run them in separate processes at will)")
+                        help="comma list of auto-esm2, auto-esmfold, sensitivity (run them in separate "
+                             "processes at will)")
     parser.add_argument("--crop", type=int, default=64, help="residues kept per sequence (the first N)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--recycles", type=int, help="ESMFold recycles everywhere (default: the model's, 2 for tiny)")

@@ -75,7 +75,8 @@ class SiteErrors:
         if special is None or residue is None:  # not an LM tensor (ESMFold trunk)
             return
         for key, mask in (("special", special), ("residue", residue)):
-            values = err[mask.expand(*x.shape[:-1], 1).squeeze(-1)] if module.channel_last else err[mask.expand(x.shape)]
+            rows = mask.expand(*x.shape[:-1], 1).squeeze(-1) if module.channel_last else mask.expand(x.shape)
+            values = err[rows]
             self.sums[key][0] += float(values.double().sum())
             self.sums[key][1] += values.numel()
             if key == "special" and values.numel():

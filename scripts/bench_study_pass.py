@@ -23,10 +23,10 @@ from unittest import mock
 
 import torch
 
-from ptq_protein.workflows import shared_calibration
 from ptq_protein.api import calibration_sequences
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.tiny import tiny_esmfold
+from ptq_protein.workflows import shared_calibration
 
 OURS = ["w8a8-pwlq", "w8a8-uniform"]
 
@@ -62,7 +62,8 @@ def main() -> None:
             job()
             times[name].append(time.perf_counter() - start)
     print(f"tiny-esmfold, {len(seqs)} sequences ({args.calib}, cropped to 128), torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; toolkit check, random weights; medians of {args.rounds} interleaved rounds")
+          f"{torch.get_num_threads()} threads; toolkit check, random weights; medians of {args.rounds} "
+          "interleaved rounds")
     print("| job | seconds | / FP forwards |\n|---|---|---|")
     base = statistics.median(times["FP forwards (batch 1)"])
     for name, values in times.items():

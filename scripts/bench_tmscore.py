@@ -5,6 +5,7 @@ Usage::
 
     python scripts/bench_tmscore.py                 # CPU, 3 interleaved rounds
     python scripts/bench_tmscore.py --device cuda --rounds 5 --threads 2
+    python scripts/bench_tmscore.py --device numpy  # the search on numpy arrays (what tm_score runs)
 
 The pairs are the 100 golden cases of ``tests/eval/data`` (noise, hinge,
 register shift, unrelated, missing residues, short chains, EigenFold
@@ -47,7 +48,10 @@ def time_ours(pairs: list, lengths: list, device: str) -> float:
 
     from ptq_protein.eval.tmscore import tm_score_batch
 
-    moved = [(torch.as_tensor(m, device=device), torch.as_tensor(n, device=device)) for m, n in pairs]
+    if device == "numpy":
+        moved = pairs
+    else:
+        moved = [(torch.as_tensor(m, device=device), torch.as_tensor(n, device=device)) for m, n in pairs]
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -71,7 +75,7 @@ def time_tmtools(pairs: list, fixed: bool) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="a torch device, or numpy (default: cpu)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     args = parser.parse_args()

@@ -66,8 +66,9 @@ def _hash_tensors(digest, tensors: Dict[str, torch.Tensor]) -> None:
 
 def artifact_digest(qmodel: torch.nn.Module) -> str:
     """sha256 of what ``pp.save`` writes (study recipes: of the model and its ``ptq_state``)."""
-    import ptq_protein as pp
     from safetensors.torch import load_file
+
+    import ptq_protein as pp
 
     digest = hashlib.sha256()
     state = qmodel.ptq_state

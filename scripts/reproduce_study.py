@@ -30,7 +30,7 @@ import argparse
 import csv
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 # One row per line of the study: (row, study-exact recipe, our closest recipe or None, published mean TM or None,
 # source). "reported": the study's results (FP32, uniform A8, PWLQ A8, W8 + PWLQ A8). The rest are the notebooks'
@@ -77,7 +77,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.num_recycles is None and toolkit:
         args.num_recycles = TOOLKIT_RECYCLES
     command = ["eval", "structure", "--model", args.model, "--recipes", ",".join(recipes), "--set", STUDY_SET,
-               "--calib", args.calib, "--out", str(args.out / "structure"), "--device", args.device] + STUDY_TM_NORMALIZE
+               "--calib", args.calib, "--out", str(args.out / "structure"), "--device",
+               args.device] + STUDY_TM_NORMALIZE
     for flag, value in (("--weights", args.weights), ("--limit", args.limit),
                         ("--num-recycles", args.num_recycles), ("--calib-max-length", args.calib_max_length)):
         if value is not None:
@@ -219,7 +220,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
     p.add_argument("--limit", type=int, help="only the first N cameo139 targets (a partial check)")
     p.add_argument("--num-recycles", type=int,
-                   help=f"ESMFold recycles (default: the model's, as in the study; {TOOLKIT_RECYCLES} for other models)")
+                   help=f"ESMFold recycles (default: the model's, as in the study; {TOOLKIT_RECYCLES} "
+                        "for other models)")
     p.add_argument("--calib", help=f"calibration set (default {STUDY_CALIBRATION}, the study's; "
                                    f"{TOOLKIT_CALIBRATION} for other models)")
     p.add_argument("--calib-max-length", type=int,

@@ -13,13 +13,13 @@ import math
 import numpy as np
 import pytest
 
-from ptq_protein.eval.structure import load_structure
-from ptq_protein.eval.tmscore import tm_score
+from ptq_protein.data.sets import load_set
+from ptq_protein.eval.bench.results_store import ResultsStore, check_run_info
 from ptq_protein.eval.bench.runner import RunOptions, normalize_recipes
 from ptq_protein.eval.bench.structure_task import STRUCTURE_COLUMNS, evaluate_structure
 from ptq_protein.eval.bench.summary import MetricSpec, bootstrap_mean_ci, summarize
-from ptq_protein.eval.bench.results_store import ResultsStore, check_run_info
-from ptq_protein.data.sets import load_set
+from ptq_protein.eval.structure import load_structure
+from ptq_protein.eval.tmscore import tm_score
 
 # (id in our FASTA, bundled cameo139 source target, residues kept); FASTA order != file-name order.
 PIECES = (("T3", "7ER0_A", 44), ("T1", "7EQH_A", 30), ("T2", "7F0A_A", 37))

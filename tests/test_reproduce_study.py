@@ -25,7 +25,7 @@ def test_every_row_names_presets_and_prints():
     means = {r: (0.5, 3) for r in recipes}
     table = script.format_table(means, "tiny-esmfold", 128, "cpu")
     for row in script.STRUCTURE_ROWS:
-        line = next(l for l in table.splitlines() if l.startswith(f"| {row[0]} |"))
+        line = next(line_ for line_ in table.splitlines() if line_.startswith(f"| {row[0]} |"))
         assert (row[3] is None or f"{row[3]:.4f}" in line) and "0.5000 (3)" in line
     assert "9 bits per value" in table and "toolkit check" in table and "cropped to 128" in table
     assert "normalised by the prediction's length" in table and "float16 stem" in table
@@ -36,12 +36,12 @@ def test_the_table_shows_what_the_published_numbers_are():
     """The 0.7418 all-sites row beside the part rows, their label, and where the numbers came from."""
     script = _script()
     table = script.format_table({}, "esmfold", None, "cuda")
-    everything = next(l for l in table.splitlines() if l.startswith("| all sites |"))
+    everything = next(line_ for line_ in table.splitlines() if line_.startswith("| all sites |"))
     assert "0.7418" in everything
     for row in ("LayerNorm inputs only", "Linear inputs only", "ESM-2 only", "trunk only", "all sites"):
-        line = next(l for l in table.splitlines() if l.startswith(f"| {row} |"))
+        line = next(line_ for line_ in table.splitlines() if line_.startswith(f"| {row} |"))
         assert "configuration not recorded in the study's code (notebook comment)" in line
-    w8 = next(l for l in table.splitlines() if l.startswith("| W8, notebook key filter |"))
+    w8 = next(line_ for line_ in table.splitlines() if line_.startswith("| W8, notebook key filter |"))
     assert "0.8010 (notebook)" in w8  # the notebook's 0.8010496, not 0.8011
     assert "`linear_quant`" in table and "`piecewise_quant`" in table and "`trunk.structure_module`" in table
     assert "cropped" not in table and "float16 stem" not in table  # whole sequences on CUDA: nothing to say

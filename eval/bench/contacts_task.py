@@ -24,13 +24,20 @@ import numpy as np
 import torch
 from torch import nn
 
-from ptq_protein.eval.bench.runner import (FP_RECIPE, RunOptions, normalize_recipes, open_run, prediction_path,
-                                           run_identity, run_recipes)
-from ptq_protein.eval.bench.summary import MetricSpec, write_outputs
-from ptq_protein.io_utils import atomic_write_bytes
+from ptq_protein.data.sets import BenchmarkSet, Numbering, Target
 from ptq_protein.eval.bench.distributed import SINGLE, Ranks
 from ptq_protein.eval.bench.results_store import ResultsStore
-from ptq_protein.data.sets import BenchmarkSet, Numbering, Target
+from ptq_protein.eval.bench.runner import (
+    FP_RECIPE,
+    RunOptions,
+    normalize_recipes,
+    open_run,
+    prediction_path,
+    run_identity,
+    run_recipes,
+)
+from ptq_protein.eval.bench.summary import MetricSpec, write_outputs
+from ptq_protein.io_utils import atomic_write_bytes
 
 __all__ = ["CONTACT_COLUMNS", "CONTACT_METRICS", "evaluate_contacts", "predict_contacts"]
 

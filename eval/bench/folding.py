@@ -71,7 +71,9 @@ def fold_to_pdbs(model: nn.Module, records: Sequence[Tuple[str, str]], out_dir: 
     paths = {seq_id: out_dir / f"{safe_stem(seq_id)}.pdb" for seq_id, _ in records}
     clash = [p for p in paths.values() if p.exists() and not (force and p.name in index.values())]
     if clash:
-        hint = "choose a new --out folder" + ("" if force else ", or pass --force to replace PDBs an earlier fold wrote")
+        hint = "choose a new --out folder"
+        if not force:
+            hint += ", or pass --force to replace PDBs an earlier fold wrote"
         raise FileExistsError(f"{clash[0]} already exists ({len(clash)} PDB file(s) in the way); {hint}")
     out_dir.mkdir(parents=True, exist_ok=True)
     with folder_lock(out_dir):  # one fold per folder at a time: the index is read-modify-write

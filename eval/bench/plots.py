@@ -97,7 +97,7 @@ def values_of(rows: Sequence[Mapping[str, Any]], recipe: str, column: str) -> Di
 def _fidelity_panel(ax, rows, recipes: Sequence[str], fidelity) -> None:
     """One column of points per recipe: its per-target agreement with the FP prediction, and the median."""
     columns: List[Tuple[str, List[float]]] = [(r, list(values_of(rows, r, fidelity.column).values())) for r in recipes]
-    for i, (recipe, values) in enumerate(columns):
+    for i, (_recipe, values) in enumerate(columns):
         jitter = [i + 0.12 * ((k * 0.618) % 1 - 0.5) for k in range(len(values))]  # deterministic spread
         ax.scatter(jitter, values, s=14, alpha=0.7, edgecolor="none")
         if values:

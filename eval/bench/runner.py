@@ -21,12 +21,12 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 
 from torch import nn
 
-from ptq_protein.models.adapters import ESM2_MAX_RESIDUES, get_adapter
+from ptq_protein.data.sets import BenchmarkSet, Target
 from ptq_protein.eval.bench.distributed import SINGLE, Ranks
 from ptq_protein.eval.bench.results_store import STATUS_OK, TEXT_COLUMNS, ResultsStore, check_run_info, is_done
 from ptq_protein.eval.tmscore import TMNormalize
 from ptq_protein.io_utils import check_out_path, folder_lock, safe_stem
-from ptq_protein.data.sets import BenchmarkSet, Target
+from ptq_protein.models.adapters import ESM2_MAX_RESIDUES, get_adapter
 from ptq_protein.progress import progress as progress_of
 
 __all__ = ["FP_RECIPE", "RunOptions", "normalize_recipes", "run_recipes", "length_status", "prediction_path",
@@ -187,7 +187,8 @@ def _run_recipe(model: nn.Module, recipe: str, pending: Sequence[Target], store:
         if status is None:
             runnable.append(target)
             continue
-        logger.warning("%s: target %s not run: %s (recorded in the table)", recipe, target.id, status[len("skipped: "):])
+        logger.warning("%s: target %s not run: %s (recorded in the table)", recipe, target.id,
+                       status[len("skipped: "):])
         store.put({"target": target.id, "recipe": recipe, "length": target.length, "status": status})
         counts["skipped"] += 1
     if runnable:
@@ -238,7 +239,10 @@ def _held_run(out_dir: Path, run_info: Mapping[str, Any], columns: Sequence[str]
 
 
 def prediction_path(out_dir: Path, kind: str, recipe: str, target_id: str, suffix: str) -> Path:
-    """``OUT/<kind>/<recipe>/<stem><suffix>``; distinct ids get distinct stems (:func:`~ptq_protein.io_utils.safe_stem`)."""
+    """``OUT/<kind>/<recipe>/<stem><suffix>``; distinct ids get distinct stems.
+
+    See :func:`~ptq_protein.io_utils.safe_stem`.
+    """
     return Path(out_dir) / kind / recipe / f"{safe_stem(target_id)}{suffix}"
 
 
@@ -262,9 +266,8 @@ def _quantized(model: nn.Module, recipe: str, options: RunOptions, statistics: A
     if recipe == FP_RECIPE:
         return model
     import ptq_protein as pp
-
-    from ptq_protein.presets import resolve_config
     from ptq_protein.nn.qparams import needs_calibration
+    from ptq_protein.presets import resolve_config
 
     calibrated = needs_calibration(resolve_config(recipe).activations)
     start = time.perf_counter()

@@ -24,14 +24,21 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 from torch import nn
 
-from ptq_protein.eval.bench.runner import (FP_RECIPE, RunOptions, normalize_recipes, open_run, prediction_path,
-                                           run_identity, run_recipes)
-from ptq_protein.eval.bench.summary import MetricSpec, write_outputs
-from ptq_protein.io_utils import atomic_write_text
+from ptq_protein.data.sets import BenchmarkSet, Numbering, Target
 from ptq_protein.eval.bench.distributed import SINGLE, Ranks
 from ptq_protein.eval.bench.results_store import ResultsStore
+from ptq_protein.eval.bench.runner import (
+    FP_RECIPE,
+    RunOptions,
+    normalize_recipes,
+    open_run,
+    prediction_path,
+    run_identity,
+    run_recipes,
+)
+from ptq_protein.eval.bench.summary import MetricSpec, write_outputs
 from ptq_protein.eval.tmscore import TMNormalize
-from ptq_protein.data.sets import BenchmarkSet, Numbering, Target
+from ptq_protein.io_utils import atomic_write_text
 
 __all__ = ["STRUCTURE_COLUMNS", "STRUCTURE_METRICS", "evaluate_structure", "score_prediction"]
 

@@ -103,7 +103,8 @@ def summarize(rows: Sequence[Mapping[str, Any]], recipes: Sequence[str], metric:
             sign = 1.0 if metric.higher_is_better else -1.0
             delta, low, high = bootstrap_mean_ci(diff)
             stats.update(delta=delta, delta_low=low, delta_high=high, n_paired=len(paired),
-                         wins=int((sign * diff > TIE_TOLERANCE).sum()), losses=int((sign * diff < -TIE_TOLERANCE).sum()),
+                         wins=int((sign * diff > TIE_TOLERANCE).sum()),
+                         losses=int((sign * diff < -TIE_TOLERANCE).sum()),
                          ties=int((np.abs(diff) <= TIE_TOLERANCE).sum()))
         out.append(RecipeSummary(**stats))
     return out

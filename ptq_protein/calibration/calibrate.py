@@ -20,16 +20,16 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from ptq_protein.models.adapters import Batch, ModelAdapter
-from ptq_protein.config import Granularity, RangeMethod, SiteKind, TensorQuant
-from ptq_protein.errors import InputError
 from ptq_protein.calibration.masks import align_mask, special_positions, valid_boxes
 from ptq_protein.calibration.matmul_sites import MatmulInterceptor, subsite_name
+from ptq_protein.calibration.sites import Site, set_module
+from ptq_protein.config import Granularity, RangeMethod, SiteKind, TensorQuant
+from ptq_protein.errors import InputError
+from ptq_protein.models.adapters import Batch, ModelAdapter
+from ptq_protein.progress import progress as progress_of
 from ptq_protein.quant.histogram import HistogramObserver
 from ptq_protein.quant.observers import MinMaxObserver, TopKObserver
 from ptq_protein.quant.stats import Moments, MomentsObserver
-from ptq_protein.calibration.sites import Site, set_module
-from ptq_protein.progress import progress as progress_of
 
 __all__ = ["SiteStats", "calibrate", "collect_stats"]
 
@@ -249,7 +249,8 @@ def _valid_values(x: torch.Tensor, state: _MaskState, stats: SiteStats,
         boxes = state.boxes(x, channel_last)
         if boxes is not None:
             return [x[box].float() if channel_last else x[box].float().unsqueeze(-1) for box in boxes]
-    mask = None if batch is None else align_mask(x.shape, batch.token_mask.to(x.device), batch.residue_mask.to(x.device),
+    mask = None if batch is None else align_mask(x.shape, batch.token_mask.to(x.device),
+                                                 batch.residue_mask.to(x.device),
                                                  channel_last=channel_last)
     if mask is None:
         stats.unmasked_calls += 1
@@ -369,14 +370,16 @@ def calibrate(model: nn.Module, adapter: ModelAdapter, sites: Sequence[Site], sp
     logged, and its statistics include every position.
     """
     if not sequences:
-        raise InputError("the calibration set is empty: give at least one sequence (a FASTA file, a set such as casp14:50, or a list)")
+        raise InputError("the calibration set is empty: give at least one sequence (a FASTA file, a set such as "
+                         "casp14:50, or a list)")
     forward_kwargs = forward_kwargs or {}
     batches: List[Batch] = list(adapter.batches(list(sequences), batch_size))
     iterator = progress_of(batches, "calibrating", "batches", show=progress)
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), adapter.calibration_mode(model), collect_stats(model, sites, specs, include_special) as (stats, state):
+        collecting = collect_stats(model, sites, specs, include_special)
+        with torch.no_grad(), adapter.calibration_mode(model), collecting as (stats, state):
             for batch in iterator:
                 state.batch = batch
                 adapter.forward(model, batch, **forward_kwargs)

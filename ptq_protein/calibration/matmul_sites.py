@@ -82,7 +82,8 @@ class QuantMatmulHost(nn.Module):
         self._warned = False
 
     def _transform(self, call: int, operand: int, x: torch.Tensor) -> torch.Tensor:
-        quant: Optional[nn.Module] = self.quantizers[f"{call}_{operand}"] if f"{call}_{operand}" in self.quantizers else None
+        key = f"{call}_{operand}"
+        quant: Optional[nn.Module] = self.quantizers[key] if key in self.quantizers else None
         if quant is None or not x.is_floating_point():
             if quant is None and not self._warned:
                 log.warning("%s: matmul %d operand %d was not seen during calibration; it runs in floating point",

@@ -20,14 +20,15 @@ from ptq_protein.calibration.calibrate import _first_tensor
 from ptq_protein.calibration.sites import Site
 from ptq_protein.errors import InputError
 from ptq_protein.models.adapters import ModelAdapter
-from ptq_protein.quant.study_observer import StudyTopKObserver
 from ptq_protein.progress import progress as progress_of
+from ptq_protein.quant.study_observer import StudyTopKObserver
 
 __all__ = ["study_calibrate", "study_observers"]
 
 
 @contextlib.contextmanager
-def study_observers(model: nn.Module, sites: Sequence[Site], k: int, calls: int) -> Iterator[Dict[str, StudyTopKObserver]]:
+def study_observers(model: nn.Module, sites: Sequence[Site], k: int,
+                    calls: int) -> Iterator[Dict[str, StudyTopKObserver]]:
     """Forward pre-hooks feeding each site's whole first input to its observer (removed on exit)."""
     modules = dict(model.named_modules())
     observers = {s.name: StudyTopKObserver(k, calls) for s in sites}

@@ -15,7 +15,8 @@ def add_auto_options(p: argparse.ArgumentParser) -> None:
                    help="largest average bit width (mean of weight and activation widths, FP counted as 16)")
     g.add_argument("--metric", choices=["tm", "contacts", "logits"],
                    help="with only --max-bits-avg: what to keep close to FP (default tm for ESMFold, logits for LMs)")
-    g.add_argument("--unit", choices=["site", "layer", "part"], default="layer", help="unit of the plan (default layer)")
+    g.add_argument("--unit", choices=["site", "layer", "part"], default="layer",
+                   help="unit of the plan (default layer)")
     g.add_argument("--choices", help="comma list of per-unit choices (e.g. w8a8-pwlq,w4a8-pwlq,w6a6-uniform) or "
                                      "'all'; default: FP, W8/W6/W4 with PWLQ A8/A6, and W8 uniform A8")
     g.add_argument("--search-set", default="cameo139:5", help="sequences the search measures (default cameo139:5)")

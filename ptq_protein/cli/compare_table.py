@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Union
 
 # The comparison the embedded demos (tiny-esmfold, tiny-esm2, ...) run by default, so the first
 # command shows what the recipe buys against the uniform baseline and against the study's own
@@ -24,7 +24,8 @@ def add_check_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare", metavar="RECIPE[,RECIPE]",
                         help="run the same check for these presets too, from the same calibration pass where their "
                              "statistics allow, and print one table (default: "
-                             f"{','.join(DEMO_COMPARE)} on the embedded tiny demos, none otherwise; 'none' turns it off)")
+                             f"{','.join(DEMO_COMPARE)} on the embedded tiny demos, none otherwise; 'none' "
+                             "turns it off)")
 
 
 def compare_names(args: argparse.Namespace, is_demo: bool) -> List[str]:
@@ -62,7 +63,8 @@ def comparison_lines(comparison: Dict[str, Any], demo: bool) -> List[str]:
     lines.append(f"  {'recipe':<{width}}  bits W/A  rel. error  {label}")
     for row in rows:
         bits = f"{_bits(row['weight_bits'])}/{_bits(row['activation_bits'])}"
-        lines.append(f"  {row['recipe']:<{width}}  {bits:>8}  {row['relative_error']:>10.4f}  {row[key]:>{len(label)}.4f}")
+        lines.append(f"  {row['recipe']:<{width}}  {bits:>8}  {row['relative_error']:>10.4f}  "
+                     f"{row[key]:>{len(label)}.4f}")
         if "avg_bits" in row:
             lines.append(f"  note: {row['recipe']} is a mixed plan: widths per unit as shown, {row['avg_bits']:.2f} "
                          "bits per value on average")

@@ -7,9 +7,17 @@ import logging
 from pathlib import Path
 from typing import Any, Dict
 
-from ptq_protein.cli.common import (add_batch_size_option, add_calib_crop_option, add_json_option, add_runtime_options,
-                                    add_tm_normalize_option, calib_crop, print_json, resolve_device,
-                                    show_progress)
+from ptq_protein.cli.common import (
+    add_batch_size_option,
+    add_calib_crop_option,
+    add_json_option,
+    add_runtime_options,
+    add_tm_normalize_option,
+    calib_crop,
+    print_json,
+    resolve_device,
+    show_progress,
+)
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, load_float_model
 
 EXAMPLES = """examples:
@@ -52,7 +60,8 @@ def _add_common(p: argparse.ArgumentParser, default_recipes: str) -> None:
     p.add_argument("--recipes", default=default_recipes,
                    help=f"comma-separated preset names; fp is always added (default {default_recipes})")
     p.add_argument("--set", default="cameo139", dest="set_spec",
-                   help="evaluation set: cameo139, cameo2022, casp14, NAME:N, or FASTA[:NATIVES_DIR] (default cameo139)")
+                   help="evaluation set: cameo139, cameo2022, casp14, NAME:N, or FASTA[:NATIVES_DIR] "
+                        "(default cameo139)")
     p.add_argument("--calib", default="casp14:50",
                    help="calibration sequences: a bundled set spec or a FASTA (default casp14:50, the study's)")
     p.add_argument("--out", required=True, help="output folder (an earlier run there is resumed)")
@@ -87,8 +96,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace, bench, recipes, ranks) -> Dict[str, Any]:
-    from ptq_protein.models.adapters import ESM2_MAX_RESIDUES
     from ptq_protein.eval.bench.runner import RunOptions
+    from ptq_protein.models.adapters import ESM2_MAX_RESIDUES
 
     loaded = load_float_model(args, args.model, device=ranks.device(resolve_device(args.device)))
     cap = args.max_length if args.max_length is not None else (loaded.max_length or ESM2_MAX_RESIDUES)

@@ -43,10 +43,10 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ptq_protein.models.adapters import ESM2_MAX_RESIDUES, ESM_ALPHABET_LETTERS
-    from ptq_protein.fasta import read_fasta
     from ptq_protein.cli.common import parse_memory_size
     from ptq_protein.eval.bench.folding import fold_to_pdbs, require_esmfold
+    from ptq_protein.fasta import read_fasta
+    from ptq_protein.models.adapters import ESM2_MAX_RESIDUES, ESM_ALPHABET_LETTERS
 
     max_memory = parse_memory_size(args.max_memory)
     records = read_fasta(Path(args.fasta), alphabet=ESM_ALPHABET_LETTERS, max_length=ESM2_MAX_RESIDUES)
@@ -71,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         from ptq_protein.nn.int_exec import engine_used
 
-        # engine: which integer GEMM ran (onednn = the CPU fast path, reference = exact torch/Triton), null for float/fake
+        # engine: which integer GEMM ran (onednn = the CPU fast path, reference = exact torch/Triton),
+        # null for float/fake
         print_json({"out": args.out, "mean_plddt": {k: v[0] for k, v in written.items()},
                     "pdb": {k: str(v[1]) for k, v in written.items()}, "engine": engine_used(model),
                     "refused": refused})

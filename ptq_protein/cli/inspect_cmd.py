@@ -6,7 +6,13 @@ import argparse
 import json
 from pathlib import Path
 
-from ptq_protein.cli.common import add_batch_size_option, add_json_option, add_runtime_options, print_json, show_progress
+from ptq_protein.cli.common import (
+    add_batch_size_option,
+    add_json_option,
+    add_runtime_options,
+    print_json,
+    show_progress,
+)
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, load_float_model
 
 EXAMPLES = """examples:
@@ -21,8 +27,10 @@ def register(subparsers) -> None:
                                           "asymmetry, kurtosis and the SQNR the chosen recipe would give.",
                               epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help=MODEL_HELP)
-    p.add_argument("--calib", default="casp14:50", help="calibration sequences: FASTA or bundled set (default casp14:50)")
-    p.add_argument("--preset", default="w8a8-pwlq", help="recipe whose sites and quantizers are evaluated (default w8a8-pwlq)")
+    p.add_argument("--calib", default="casp14:50", help="calibration sequences: FASTA or bundled set "
+                                                        "(default casp14:50)")
+    p.add_argument("--preset", default="w8a8-pwlq", help="recipe whose sites and quantizers are evaluated "
+                                                         "(default w8a8-pwlq)")
     add_batch_size_option(p)
     p.add_argument("--top", type=int, default=9, help="plot the N most asymmetric sites (default 9)")
     p.add_argument("--out", help="folder for report.json, report.md and histograms.png (never an artifact folder)")
@@ -47,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         out = Path(args.out)
         atomic_write_text(out / "report.json", json.dumps(state.report, indent=2, default=str))
-        atomic_write_text(out / "report.md", report_markdown(state.report, title=f"{loaded.name} activations ({args.preset})"))
+        title = f"{loaded.name} activations ({args.preset})"
+        atomic_write_text(out / "report.md", report_markdown(state.report, title=title))
         worst = sorted(rows, key=lambda r: -abs(r.get("asymmetry", 0.0)))[: args.top]
         if worst:
             from ptq_protein.plots import plot_site_histograms

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import argparse
-from typing import Optional
 from pathlib import Path
+from typing import Optional
 
 from ptq_protein.cli.auto_opts import add_auto_options, auto_budget, run_auto
-from ptq_protein.cli.common import (CPU_CALIB_MAX_LENGTH, add_batch_size_option, add_calib_crop_option, add_json_option,
-                                    add_runtime_options, calib_crop, print_json, show_progress)
+from ptq_protein.cli.common import (
+    CPU_CALIB_MAX_LENGTH,
+    add_batch_size_option,
+    add_calib_crop_option,
+    add_json_option,
+    add_runtime_options,
+    calib_crop,
+    print_json,
+    show_progress,
+)
 from ptq_protein.cli.compare_table import add_check_options, compare_names, comparison_lines, print_comparison
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, load_float_model
 
@@ -30,17 +38,20 @@ def register(subparsers) -> None:
                               epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help=MODEL_HELP)
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--bits", type=int, help="4, 6 or 8: the default piecewise-linear recipe at that width (default 8)")
+    group.add_argument("--bits", type=int, help="4, 6 or 8: the default piecewise-linear recipe at that "
+                                                "width (default 8)")
     group.add_argument("--preset", help="a named recipe (see README: w8a8-uniform, w8a8-pwlq, w8-only, w4a8-pwlq, ...)")
     group.add_argument("--auto", action="store_true",
-                       help="search a per-unit precision plan meeting --budget / --max-bits-avg (README: Mixed precision)")
+                       help="search a per-unit precision plan meeting --budget / --max-bits-avg (README: "
+                            "Mixed precision)")
     p.add_argument("--calib", default="casp14:50",
                    help="calibration sequences: a FASTA file or a bundled set (default casp14:50, the study's set)")
     p.add_argument("--out", help="artifact folder (default runs/<model>-<preset>)")
     p.add_argument("--force", action="store_true",
                    help="replace an existing --out artifact folder (anything else there is never replaced)")
     add_batch_size_option(p)
-    p.add_argument("--backend", choices=["fake", "int8"], default="fake", help="execution backend recorded in the artifact")
+    p.add_argument("--backend", choices=["fake", "int8"], default="fake",
+                   help="execution backend recorded in the artifact")
     p.add_argument("--num-recycles", type=int, help="ESMFold: recycles during calibration (default: the model's)")
     add_calib_crop_option(p)
     p.add_argument("--smoothquant-alpha", metavar="A|auto",
@@ -69,10 +80,9 @@ def _recipe_name(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     import ptq_protein as pp
+    from ptq_protein.artifact import check_artifact_out
     from ptq_protein.workflows.recipe_compare import known_recipes
     from ptq_protein.workflows.shared_calibration import calibrate_recipes
-
-    from ptq_protein.artifact import check_artifact_out
 
     budget = auto_budget(args)  # a bad budget fails before any model is loaded
     recipe = "auto" if budget is not None else _recipe_name(args)
@@ -186,8 +196,8 @@ def _tuned_recipe(args: argparse.Namespace, loaded, recipe: str, alpha, crop):
     cfg = get_preset(recipe)
     if alpha != "auto":
         return cfg.replace(smoothquant=dataclasses.replace(cfg.smoothquant, alpha=alpha)), None
-    from ptq_protein.workflows.recipe_compare import choose_fidelity_sequences
     from ptq_protein.search.smoothquant_alpha import search_smoothquant_alpha
+    from ptq_protein.workflows.recipe_compare import choose_fidelity_sequences
 
     chosen = choose_fidelity_sequences(args.calib, max(args.check, 1), crop)
     tuned, trials = search_smoothquant_alpha(loaded.model, cfg, loaded.validate(list(chosen.sequences)),
@@ -308,11 +318,14 @@ def _print_summary(summary: dict, demo: bool) -> None:
 
 
 def _memory_mode(args: argparse.Namespace, budget) -> bool:
-    """True to stream layer by layer (``--low-memory``, or needed to fit); refuses, before loading, a run that cannot fit."""
+    """True to stream layer by layer (``--low-memory``, or needed to fit).
+
+    Refuses, before loading, a run that cannot fit.
+    """
     from ptq_protein.api import resolve_calibration
-    from ptq_protein.workflows.memory_budget import choose_low_memory
     from ptq_protein.models.adapters import ModelAdapter
     from ptq_protein.models.loading import locate_weights
+    from ptq_protein.workflows.memory_budget import choose_low_memory
 
     path = locate_weights(args.model, args.weights)
     refusal = _stream_refusal(args, budget, path)
@@ -331,7 +344,8 @@ def _stream_refusal(args: argparse.Namespace, budget, path: Optional[Path]) -> O
 
     if budget is not None:
         return "--auto searches recipes on the float model whole"
-    if path is None or not path.is_file() or resolve_device(args.device) != "cpu" or (args.dtype or "float32") != "float32":
+    if (path is None or not path.is_file() or resolve_device(args.device) != "cpu"
+            or (args.dtype or "float32") != "float32"):
         return ("streaming reads fair-esm ESM-2 .pt files on the CPU in float32 (not tiny models, Hugging Face "
                 "folders, other devices or dtypes)")
     if args.backend != "fake":

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from ptq_protein.cli.common import add_batch_size_option, add_calib_crop_option, add_json_option, add_runtime_options, calib_crop, print_json
+from ptq_protein.cli.common import (
+    add_batch_size_option,
+    add_calib_crop_option,
+    add_json_option,
+    add_runtime_options,
+    calib_crop,
+    print_json,
+)
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, load_float_model
 
 EXAMPLES = """examples:

@@ -17,9 +17,9 @@ import functools
 import gzip
 import hashlib
 import json
+import os
 import threading
 from pathlib import Path
-import os
 from typing import Any, Dict, Optional, Tuple, Union
 
 from ptq_protein.errors import ArtifactError, InputError

@@ -6,8 +6,15 @@ load on first use.
 
 from ptq_protein.models.loading import LoadedModel, ModelFamily, load_model
 from ptq_protein.models.outliers import OutlierSpec, channel_asymmetry, channel_kurtosis
-from ptq_protein.models.tiny import (DEMO_OUTLIERS, TINY_MODELS, build_tiny, tiny_esm2, tiny_esmfold,
-                                     tiny_esmfold_config, tiny_hf_esm2)
+from ptq_protein.models.tiny import (
+                                     DEMO_OUTLIERS,
+                                     TINY_MODELS,
+                                     build_tiny,
+                                     tiny_esm2,
+                                     tiny_esmfold,
+                                     tiny_esmfold_config,
+                                     tiny_hf_esm2,
+)
 
 __all__ = [
     "LoadedModel",

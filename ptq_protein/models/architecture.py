@@ -42,7 +42,8 @@ def build_architecture(desc: Dict[str, Any]) -> nn.Module:
     try:
         library, cls = desc["library"], desc["class"]
     except (KeyError, TypeError) as err:
-        raise ArtifactError("recipe.json has no valid 'architecture' entry; the artifact is corrupt: re-run quantize") from err
+        raise ArtifactError("recipe.json has no valid 'architecture' entry; the artifact is corrupt: "
+                            "re-run quantize") from err
     if library == "fair-esm":
         import esm
 
@@ -54,7 +55,8 @@ def build_architecture(desc: Dict[str, Any]) -> nn.Module:
     if library == "transformers":
         if cls not in TRANSFORMERS_CLASSES:
             raise ArtifactError(f"recipe.json names the transformers class {cls!r}, which ptq-protein does not build "
-                                f"(it builds {', '.join(TRANSFORMERS_CLASSES)}); the artifact is corrupt: re-run quantize")
+                                f"(it builds {', '.join(TRANSFORMERS_CLASSES)}); the artifact is corrupt: "
+                                "re-run quantize")
         import transformers
 
         config = transformers.EsmConfig.from_dict(dict(desc["config"]))

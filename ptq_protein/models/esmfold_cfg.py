@@ -65,7 +65,8 @@ def stem_file_name(cfg: Optional[Mapping[str, Any]], default: str) -> str:
 
 
 def config_from_fair_cfg(cfg: Mapping[str, Any], state: Mapping[str, torch.Tensor], where: str):
-    """transformers ``EsmConfig`` of a fair-esm ESMFold from its ``cfg["model"]`` and fair-name ``state`` (with ``esm.*``).
+    """transformers ``EsmConfig`` of a fair-esm ESMFold from its ``cfg["model"]`` and fair-name ``state``
+    (with ``esm.*``).
 
     ``fp16_esm`` is left False: :func:`ptq_protein.models.load_model` chooses it for the device.
     """

@@ -40,8 +40,8 @@ import torch
 
 from ptq_protein.errors import InputError
 from ptq_protein.models.checkpoints import load_torch_checkpoint, plain_config, split_state
-from ptq_protein.models.esmfold_cfg import config_from_fair_cfg, stem_file_name
 from ptq_protein.models.esm_keymap import KeyMapping, fair_esm2_to_hf, hf_to_fair_esm2, uses_per_layer_rotary
+from ptq_protein.models.esmfold_cfg import config_from_fair_cfg, stem_file_name
 from ptq_protein.models.resolve import ESMFOLD_FAIR_STEM, missing_weights, torch_checkpoints_dir
 from ptq_protein.models.tokens import esm_vocab
 
@@ -87,7 +87,8 @@ def hf_esmfold_to_fair(state_dict: Dict[str, torch.Tensor]) -> KeyMapping:
     return KeyMapping(out, mapped.dropped, mapped.unknown)
 
 
-def load_fair_esmfold(path: Union[str, os.PathLike], *, config=None, stem_path: Optional[Union[str, os.PathLike]] = None,
+def load_fair_esmfold(path: Union[str, os.PathLike], *, config=None,
+                      stem_path: Optional[Union[str, os.PathLike]] = None,
                       allow_pickle: bool = False, mmap: bool = False) -> Tuple[torch.nn.Module, Dict[str, object]]:
     """Build ``EsmForProteinFolding`` from a fair-esm ESMFold checkpoint file.
 

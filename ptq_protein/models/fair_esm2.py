@@ -58,7 +58,8 @@ def fill_missing_regression(model: torch.nn.Module, state: Dict[str, torch.Tenso
     """As fair-esm: without contact-regression weights, warn and keep a randomly initialised one."""
     if all(k in state for k in _REGRESSION):
         return
-    warnings.warn("Regression weights not found, predicting contacts will not produce correct results.")
+    warnings.warn("Regression weights not found, predicting contacts will not produce correct results.",
+                  stacklevel=2)
     head = model.contact_head.regression
     head.to_empty(device="cpu")
     head.reset_parameters()

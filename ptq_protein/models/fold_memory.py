@@ -118,7 +118,10 @@ def predict_peak(dims: FoldDims, plan: FoldPlan) -> int:
 
 def choose_plan(dims: FoldDims, length: int, budget: int, *, batch: int = 1, pair_bits: Optional[int] = None,
                 chunks: Sequence[Optional[int]] = CHUNK_CHOICES) -> Optional[FoldPlan]:
-    """The fastest plan (the largest chunk, unchunked first) whose predicted peak is within ``budget`` bytes, or None."""
+    """The fastest plan (the largest chunk, unchunked first) whose predicted peak is within ``budget`` bytes.
+
+    None when no plan fits.
+    """
     for chunk in chunks:
         plan = FoldPlan(length, batch, chunk, pair_bits)
         if predict_peak(dims, plan) <= budget:

@@ -36,14 +36,19 @@ import torch
 from ptq_protein.errors import InputError
 from ptq_protein.fasta import ESM2_MAX_RESIDUES, ESM_AMINO_ACIDS, validate_sequence
 from ptq_protein.models import resolve
-from ptq_protein.models.declared import check_name_fits
 from ptq_protein.models.checkpoints import file_sha256, load_torch_checkpoint, split_state
+from ptq_protein.models.declared import check_name_fits
 from ptq_protein.models.esmfold_convert import load_fair_esmfold
 from ptq_protein.models.fair_esm2 import load_fair_esm2
 from ptq_protein.models.mapped import attach_mapping
 from ptq_protein.models.tiny import TINY_MODELS, build_tiny
-from ptq_protein.models.tokens import (esm_tokenizer, esmfold_tokenizer, tokenize_esmfold, tokenize_fair_esm,
-                                       tokenize_hf_esm)
+from ptq_protein.models.tokens import (
+    esm_tokenizer,
+    esmfold_tokenizer,
+    tokenize_esmfold,
+    tokenize_fair_esm,
+    tokenize_hf_esm,
+)
 
 __all__ = ["ModelFamily", "LoadedModel", "load_model", "locate_weights"]
 
@@ -265,7 +270,9 @@ def _load_fair_esm(name: str, path: Path, data: dict, allow_pickle: bool):
     import esm
 
     regression_path = path.with_name(f"{path.stem}-contact-regression.pt")
-    regression = load_torch_checkpoint(regression_path, allow_pickle=allow_pickle) if regression_path.is_file() else None
+    regression = None
+    if regression_path.is_file():
+        regression = load_torch_checkpoint(regression_path, allow_pickle=allow_pickle)
     if regression is None:
         logger.info("%s: no %s beside it; contact prediction will be wrong", path, regression_path.name)
     is_esm2 = isinstance(data.get("cfg"), dict) and "model" in data["cfg"]

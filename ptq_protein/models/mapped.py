@@ -29,7 +29,7 @@ import functools
 import logging
 import mmap as _mmap
 import sys
-from typing import Iterable, Iterator, List, Optional
+from typing import Iterable, Iterator, Optional
 
 import torch
 from torch import nn

@@ -32,7 +32,7 @@ from torch import nn
 
 from ptq_protein.models.esm_keymap import fair_esm2_to_hf, uses_per_layer_rotary
 from ptq_protein.models.outliers import OutlierSpec, plant_outlier_channels_
-from ptq_protein.models.tokens import esm_tokenizer, esmfold_tokenizer, esm_vocab
+from ptq_protein.models.tokens import esm_tokenizer, esm_vocab, esmfold_tokenizer
 
 __all__ = [
     "DEMO_OUTLIERS",

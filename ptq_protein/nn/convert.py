@@ -11,20 +11,21 @@ from typing import Callable, Dict, Optional
 import torch
 from torch import nn
 
+from ptq_protein.calibration.matmul_sites import QuantMatmulHost
+from ptq_protein.calibration.sites import Site, set_module
 from ptq_protein.config import QuantConfig, SiteKind
 from ptq_protein.errors import InputError
 from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.nn.qparams import quantize_weight
 from ptq_protein.quant.metrics import BLOCK_VALUES, sqnr_db_blocks
 from ptq_protein.quant.observers import all_finite
-from ptq_protein.calibration.matmul_sites import QuantMatmulHost
-from ptq_protein.calibration.sites import Site, set_module
 
 __all__ = ["swap_modules_", "set_module", "cache_dequantized_weights"]
 
 
 def build_quant_linear(linear: nn.Linear, config: QuantConfig, input_quant: Optional[ActQuantizer],
-                       quantize_weights: bool = True, weight_q: Optional[Dict[str, torch.Tensor]] = None) -> QuantLinear:
+                       quantize_weights: bool = True,
+                       weight_q: Optional[Dict[str, torch.Tensor]] = None) -> QuantLinear:
     """``weight_q``: codes and parameters already chosen (GPTQ) instead of rounding to nearest here."""
     spec = config.weights if quantize_weights else None
     weight = linear.weight.detach()

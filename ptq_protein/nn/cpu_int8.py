@@ -39,7 +39,8 @@ import torch
 
 from ptq_protein.nn.cpu_int8_split import exact_accumulators, sum_post_op
 
-__all__ = ["ENGINE_NAME", "Packed", "available", "mode", "reason", "prepack", "unpack", "gemm", "gemm_add_", "accumulators", "static_linear",
+__all__ = ["ENGINE_NAME", "Packed", "available", "mode", "reason", "prepack", "unpack", "gemm", "gemm_add_",
+           "accumulators", "static_linear",
            "per_token_linear"]
 
 log = logging.getLogger(__name__)

@@ -41,7 +41,8 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-__all__ = ["FusedSettings", "configure", "settings", "fused_call", "padded_regions", "piecewise_codes", "piecewise_fake",
+__all__ = ["FusedSettings", "configure", "settings", "fused_call", "padded_regions", "piecewise_codes",
+           "piecewise_fake",
            "piecewise_zero_code", "region_mask", "region_operand",
            "uniform_codes", "uniform_fake"]
 
@@ -61,7 +62,8 @@ class FusedSettings:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise ValueError(f"fused fake-quant mode {self.mode!r} is not one of {MODES} (set {ENV_VAR} to one of them)")
+            raise ValueError(f"fused fake-quant mode {self.mode!r} is not one of {MODES} "
+                             f"(set {ENV_VAR} to one of them)")
         if self.min_numel < 0:
             raise ValueError(f"min_numel={self.min_numel} must be >= 0")
 

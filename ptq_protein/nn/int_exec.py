@@ -142,7 +142,8 @@ def _warn_float(why: str) -> None:
     """One line per cause and process."""
     warnings.warn(f"backend='int8' runs the float path (the fake backend's product, not integer GEMMs) on CPU: "
                   f"{why}, and the exact integer reference is slower than backend='fake'; "
-                  f"set_engine(model, 'onednn' or 'reference') forces an integer engine", EngineFallbackWarning, stacklevel=5)
+                  f"set_engine(model, 'onednn' or 'reference') forces an integer engine", EngineFallbackWarning,
+                  stacklevel=5)
 
 
 def float_rows_linear(module, rows: torch.Tensor) -> torch.Tensor:

@@ -372,7 +372,8 @@ class QuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         w = "fp" if self.weight_spec is None else self.weight_spec.describe()
-        return f"in_features={self.in_features}, out_features={self.out_features}, weight={w}, backend={self.backend.value}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, weight={w}, "
+                f"backend={self.backend.value}")
 
 
 class QuantInput(nn.Module):

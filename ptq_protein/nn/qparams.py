@@ -7,12 +7,18 @@ that reach quantizer parameters through the module layer.
 
 from __future__ import annotations
 
-from ptq_protein.config import Scheme, TensorQuant
-from ptq_protein.nn.modules import ActQuantizer
 import torch
 
-from ptq_protein.quant.fit import (calibrated_range, fp8_activation_scale, needs_calibration, pwlq_codebook_for_values,
-                                   pwlq_from_range, quantize_weight)
+from ptq_protein.config import Scheme, TensorQuant
+from ptq_protein.nn.modules import ActQuantizer
+from ptq_protein.quant.fit import (
+    calibrated_range,
+    fp8_activation_scale,
+    needs_calibration,
+    pwlq_codebook_for_values,
+    pwlq_from_range,
+    quantize_weight,
+)
 from ptq_protein.quant.uniform import choose_qparams
 
 __all__ = ["needs_calibration", "quantize_weight", "activation_quantizer", "pwlq_codebook_for_values",

@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from ptq_protein.calibration.masks import special_positions
-from ptq_protein.config import QuantConfig, SpecialTokens
 from ptq_protein.calibration.matmul_sites import QuantMatmulHost
+from ptq_protein.config import QuantConfig, SpecialTokens
 from ptq_protein.nn.modules import ActQuantizer
 
 __all__ = ["SpecialTokenContext", "keep_special_tokens_float_", "apply_special_tokens_"]

@@ -34,7 +34,8 @@ def calibration_records(calibration: CalibrationArg, why: str = "static activati
         return [(t.id, t.sequence) for t in bench]
     records = [item if isinstance(item, tuple) else (f"seq{i + 1}", item) for i, item in enumerate(calibration)]
     if not all(isinstance(s, str) for _, s in records):
-        raise TypeError("calibration must be a FASTA path, a set name, or a list of sequence strings / (id, seq) tuples")
+        raise TypeError("calibration must be a FASTA path, a set name, or a list of sequence strings "
+                        "/ (id, seq) tuples")
     return records
 
 

@@ -4,7 +4,8 @@ Needs: nothing of its own (the observers are the study calibrate pass's).
 Reads: ``run.plan.sites``, ``run.observers``, ``cfg.activations`` (scheme, bits, top-k).
 Writes: ``run.model`` (each site wrapped in ``QuantInput`` with a ``StudyActQuant``),
 ``run.quantized``, ``run.fp_sites`` (sites that never ran, or only saw zeros: the
-study's assert; the warning says which, ``float_reason``) and ``run.report`` (one row per quantized site: calls, bounds).
+study's assert; the warning says which, ``float_reason``) and ``run.report`` (one row per quantized site:
+calls, bounds).
 """
 
 from __future__ import annotations

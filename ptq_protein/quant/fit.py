@@ -19,11 +19,11 @@ import torch
 from ptq_protein.config import BreakpointMethod, Granularity, RangeMethod, Scheme, TensorQuant
 from ptq_protein.quant import breakpoints as bp
 from ptq_protein.quant.breakpoint_search import search_pwlq
-from ptq_protein.quant.histogram import HistogramObserver
-from ptq_protein.quant.ranges import mse_uniform_range
 from ptq_protein.quant.codebook import PiecewiseCodebook, pwlq_quantize
 from ptq_protein.quant.fp8 import fp8_quantize, fp8_scale
+from ptq_protein.quant.histogram import HistogramObserver
 from ptq_protein.quant.pwlq import asymmetric_pwlq, shared_centre_step, symmetric_pwlq
+from ptq_protein.quant.ranges import mse_uniform_range
 from ptq_protein.quant.uniform import choose_qparams, per_channel_minmax, quantize
 
 __all__ = ["needs_calibration", "quantize_weight", "pwlq_codebook_for_values", "pwlq_from_range",

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["NonFiniteError", "all_finite", "check_finite", "MinMaxObserver", "TopKObserver", "prepare_update", "fold_extremes"]
+__all__ = ["NonFiniteError", "all_finite", "check_finite", "MinMaxObserver", "TopKObserver", "prepare_update",
+           "fold_extremes"]
 
 # The study's fallback, kept: when the top-k median of the maxima is <= 0 it uses the
 # top 5 instead (PTQ4Protein, piecewise_quant/quant_acts.py, act_clip_bounds).

@@ -148,7 +148,8 @@ def pwlq_from_breakpoints(
 
 
 def shared_centre_step(neg_breaks: Sequence[float], pos_breaks: Sequence[float], m_neg: float, m_pos: float,
-                       bits: int, codes_per_piece: tuple[Sequence[int], Sequence[int]], zero_code: int) -> PiecewiseCodebook:
+                       bits: int, codes_per_piece: tuple[Sequence[int], Sequence[int]],
+                       zero_code: int) -> PiecewiseCodebook:
     """An asymmetric codebook whose two centre pieces share one step, so they merge into one region.
 
     The integer-friendly PWLQ: codes in the centre then decode as one uniform grid with an integer zero point

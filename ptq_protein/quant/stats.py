@@ -98,7 +98,8 @@ class MomentsObserver:
         b = batch_moments(x)
         self.moments = b if self.moments is None else merge_moments(self.moments, b)
         use_known = extremes is not None and not self.per_channel
-        fold_extremes(self, torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in extremes]) if use_known else x)
+        fold_extremes(self,
+                      torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in extremes]) if use_known else x)
 
     def _m(self) -> Moments:
         if self.moments is None:

@@ -13,8 +13,17 @@ from __future__ import annotations
 
 from typing import Dict
 
-from ptq_protein.config import (FP8Format, GPTQSpec, Granularity, QuantConfig, RangeMethod, Scheme, SiteKind,
-                                SmoothQuantSpec, TensorQuant)
+from ptq_protein.config import (
+                                FP8Format,
+                                GPTQSpec,
+                                Granularity,
+                                QuantConfig,
+                                RangeMethod,
+                                Scheme,
+                                SiteKind,
+                                SmoothQuantSpec,
+                                TensorQuant,
+)
 from ptq_protein.recipes.ours import per_channel_weights, pwlq_acts
 
 __all__ = ["PRESETS", "DOCS"]
@@ -30,11 +39,14 @@ PRESETS: Dict[str, QuantConfig] = {
                                     smoothquant=SmoothQuantSpec(), name="w8a8-smoothquant"),
     "w8a8-smoothquant-pwlq": QuantConfig(weights=per_channel_weights(8), activations=pwlq_acts(8), kinds=_LINEAR_LN,
                                          smoothquant=SmoothQuantSpec(), name="w8a8-smoothquant-pwlq"),
-    "w4a8-gptq-pwlq": QuantConfig(weights=per_channel_weights(4), activations=pwlq_acts(8), kinds=_LINEAR_LN, gptq=GPTQSpec(),
+    "w4a8-gptq-pwlq": QuantConfig(weights=per_channel_weights(4), activations=pwlq_acts(8), kinds=_LINEAR_LN,
+                                  gptq=GPTQSpec(),
                                   name="w4a8-gptq-pwlq"),
-    "w8a8-gptq-pwlq": QuantConfig(weights=per_channel_weights(8), activations=pwlq_acts(8), kinds=_LINEAR_LN, gptq=GPTQSpec(),
+    "w8a8-gptq-pwlq": QuantConfig(weights=per_channel_weights(8), activations=pwlq_acts(8), kinds=_LINEAR_LN,
+                                  gptq=GPTQSpec(),
                                   name="w8a8-gptq-pwlq"),
-    "w4-gptq": QuantConfig(weights=per_channel_weights(4), activations=None, kinds=_LINEAR, gptq=GPTQSpec(), name="w4-gptq"),
+    "w4-gptq": QuantConfig(weights=per_channel_weights(4), activations=None, kinds=_LINEAR, gptq=GPTQSpec(),
+                           name="w4-gptq"),
     "w8a8-fp8": QuantConfig(
         weights=TensorQuant(bits=8, scheme=Scheme.FP8, granularity=Granularity.PER_CHANNEL, fp8_format=_FP8),
         activations=TensorQuant(bits=8, scheme=Scheme.FP8, range_method=RangeMethod.MINMAX, fp8_format=_FP8),

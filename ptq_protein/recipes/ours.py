@@ -52,14 +52,18 @@ _LINEAR_LN = (SiteKind.LINEAR, SiteKind.LAYERNORM)
 
 PRESETS: Dict[str, QuantConfig] = {
     "fp": QuantConfig(weights=None, activations=None, kinds=(), name="fp"),
-    "w8a8-uniform": QuantConfig(weights=per_channel_weights(8), activations=_uniform_acts(8), kinds=_LINEAR_LN, name="w8a8-uniform"),
-    "w8a8-pwlq": QuantConfig(weights=per_channel_weights(8), activations=pwlq_acts(8), kinds=_LINEAR_LN, name="w8a8-pwlq"),
+    "w8a8-uniform": QuantConfig(weights=per_channel_weights(8), activations=_uniform_acts(8), kinds=_LINEAR_LN,
+                                name="w8a8-uniform"),
+    "w8a8-pwlq": QuantConfig(weights=per_channel_weights(8), activations=pwlq_acts(8), kinds=_LINEAR_LN,
+                             name="w8a8-pwlq"),
     "a8-uniform": QuantConfig(weights=None, activations=_uniform_acts(8), kinds=_LINEAR_LN, name="a8-uniform"),
     "a8-pwlq": QuantConfig(weights=None, activations=pwlq_acts(8), kinds=_LINEAR_LN, name="a8-pwlq"),
     "w8-only": QuantConfig(weights=per_channel_weights(8), activations=None, kinds=(SiteKind.LINEAR,), name="w8-only"),
     "w4-only": QuantConfig(weights=per_channel_weights(4), activations=None, kinds=(SiteKind.LINEAR,), name="w4-only"),
-    "w4a8-pwlq": QuantConfig(weights=per_channel_weights(4), activations=pwlq_acts(8), kinds=_LINEAR_LN, name="w4a8-pwlq"),
-    "w6a6-pwlq": QuantConfig(weights=per_channel_weights(6), activations=pwlq_acts(6), kinds=_LINEAR_LN, name="w6a6-pwlq"),
+    "w4a8-pwlq": QuantConfig(weights=per_channel_weights(4), activations=pwlq_acts(8), kinds=_LINEAR_LN,
+                             name="w4a8-pwlq"),
+    "w6a6-pwlq": QuantConfig(weights=per_channel_weights(6), activations=pwlq_acts(6), kinds=_LINEAR_LN,
+                             name="w6a6-pwlq"),
     "w8a8-pwlq-int": QuantConfig(weights=per_channel_weights(8), activations=pwlq_acts(8, shared_centre=True),
                                  kinds=_LINEAR_LN, name="w8a8-pwlq-int"),
     "w8a8-pwlq-all": QuantConfig(weights=per_channel_weights(8), activations=pwlq_acts(8),
@@ -84,7 +88,8 @@ DOCS: Dict[str, str] = {
                  "residue values) on Linear and LayerNorm inputs; ours, not the study's pwlq-3 (study-w8a8-pwlq)",
     "w8a8-pwlq-int": "w8a8-pwlq with both centre pieces on one step (integer-friendly: the centre is one integer "
                      "GEMM with an integer zero point, only the tails need a correction)",
-    "a8-uniform": "uniform A8 only (as in w8a8-uniform), weights in floating point; the study's row is study-a8-uniform",
+    "a8-uniform": ("uniform A8 only (as in w8a8-uniform), weights in floating point; "
+                   "the study's row is study-a8-uniform"),
     "a8-pwlq": "piecewise-linear A8 only, weights in floating point",
     "w8-only": "W8 per-channel weights only, activations in floating point",
     "w4-only": "W4 per-channel weights only",

@@ -79,8 +79,16 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
-from ptq_protein.config import (Granularity, QuantConfig, RangeMethod, Scheme, SiteKind, SpecialTokens, StudyOptions,
-                                TensorQuant)
+from ptq_protein.config import (
+    Granularity,
+    QuantConfig,
+    RangeMethod,
+    Scheme,
+    SiteKind,
+    SpecialTokens,
+    StudyOptions,
+    TensorQuant,
+)
 
 __all__ = ["PRESETS", "DOCS", "STUDY_KINDS", "SCRIPTS_W8_PREFIXES", "NOTEBOOK_W8_PREFIXES"]
 

@@ -119,7 +119,8 @@ def auto_quantize(model: nn.Module, budget: Union[str, Budget, None] = None, *, 
 
     Returns
     -------
-    The quantized copy; ``qmodel.ptq_state.plan`` is the :class:`MixedPlan`, ``qmodel.ptq_search`` the :class:`SearchLog`.
+    The quantized copy; ``qmodel.ptq_state.plan`` is the :class:`MixedPlan`, ``qmodel.ptq_search`` the
+    :class:`SearchLog`.
     """
     budget = budget if isinstance(budget, Budget) else Budget.parse(budget, max_bits_avg)
     family = get_adapter(model).family
@@ -237,9 +238,11 @@ def _unmet_message(record: SearchLog, budget: Budget, value_name: str, searched:
                                                             (searched, "on the search sequences"))
                 for k, v in store.items() if k > 0]
     if not measured:
-        return f"no plan with a quantized unit meets the budget {budget.text}: the search made no move; offer more choices"
+        return (f"no plan with a quantized unit meets the budget {budget.text}: the search made no move; "
+                "offer more choices")
     best, where = (max if higher else min)(measured, key=lambda item: item[0])
-    return (f"no plan with a quantized unit meets the budget {budget.text}: the best reached is {value_name}={best:.4g} "
+    return (f"no plan with a quantized unit meets the budget {budget.text}: the best reached is "
+            f"{value_name}={best:.4g} "
             f"{where}; relax the budget or offer more choices")
 
 

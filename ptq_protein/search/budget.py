@@ -42,7 +42,8 @@ class Budget:
             if not higher and self.threshold < 0:
                 raise InputError(f"budget {self.text} can never hold: {self.value_name} is never negative")
         if self.max_bits_avg is not None and not 2.0 <= self.max_bits_avg <= FP_BITS:
-            raise InputError(f"--max-bits-avg {self.max_bits_avg} must be between 2 and {FP_BITS} (FP counts as {FP_BITS})")
+            raise InputError(f"--max-bits-avg {self.max_bits_avg} must be between 2 and {FP_BITS} (FP counts "
+                             f"as {FP_BITS})")
 
     @classmethod
     def parse(cls, text: Optional[str] = None, max_bits_avg: Optional[float] = None) -> "Budget":

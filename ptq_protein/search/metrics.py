@@ -57,7 +57,8 @@ def choose_metric(family: str, metric: Optional[Union[str, Metric]] = None,
     if metric is not None:
         metric = check_metric(metric, family)
         if budget_metric is not None and Metric(budget_metric) is not metric:
-            raise InputError(f"metric {metric.value!r} contradicts the budget's metric {Metric(budget_metric).value!r}: "
+            raise InputError(f"metric {metric.value!r} contradicts the budget's metric "
+                             f"{Metric(budget_metric).value!r}: "
                              "drop --metric, or write the budget in that metric")
     return check_metric(budget_metric or metric or default_metric(family), family)
 
@@ -68,7 +69,8 @@ def check_metric(metric: Metric, family: str) -> Metric:
     able = {Metric.TM: _FOLD_FAMILIES, Metric.CONTACTS: _LM_FAMILIES + _FOLD_FAMILIES, Metric.LOGITS: _LM_FAMILIES}
     if family not in able[metric]:
         offered = [m.value for m, fams in able.items() if family in fams]
-        raise InputError(f"metric {metric.value!r} needs {'a folding model (ESMFold)' if metric is Metric.TM else 'an ESM-2 language model'}"
+        raise InputError(f"metric {metric.value!r} needs "
+                         f"{'a folding model (ESMFold)' if metric is Metric.TM else 'an ESM-2 language model'}"
                          f", but this is a {family} model; it can give: {', '.join(offered)}")
     return metric
 
@@ -131,7 +133,8 @@ class Scorer:
             return {"tm": tm_score(out, ref).tm_score}
         if self.metric is Metric.CONTACTS:
             return {"contacts": top_l_precision(out, ref)}
-        return {"logits_rel": relative_error(ref, out), "top1": float((ref.argmax(-1) == out.argmax(-1)).double().mean())}
+        return {"logits_rel": relative_error(ref, out),
+                "top1": float((ref.argmax(-1) == out.argmax(-1)).double().mean())}
 
 
 def top_l_pairs(scores: np.ndarray, min_separation: int = MIN_SEPARATION) -> set:

@@ -177,7 +177,8 @@ def _summary(rows, config: QuantConfig, metric: Metric, unit: UnitKind, seq_name
              f"{timing['units']} units; calibration {timing['calibrate_s']:.1f} s (once), FP pass "
              f"{timing['fp_pass_s']:.1f} s, units {timing['units_s']:.1f} s.", "",
              f"## Top {min(SUMMARY_TOP, len(rows))} units", "",
-             "| rank | unit | kind | part | loss | act min | act max | asymmetry | kurtosis |", "|---|" * 1 + "---|" * 8]
+             "| rank | unit | kind | part | loss | act min | act max | asymmetry | kurtosis |",
+             "|---|" * 1 + "---|" * 8]
     for rank, row in enumerate(rows[:SUMMARY_TOP], 1):
         cells = [row["unit"], row["kind"], row["part"]] + [_cell(row.get(c)) for c in
                                                            ("loss", "act_min", "act_max", "asymmetry", "kurtosis")]

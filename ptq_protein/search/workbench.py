@@ -145,7 +145,8 @@ class Workbench:
             qmodel, done = copy.deepcopy(working), self._last_done
         chosen = [s for s in self.sites if s.name in done]
         quants = {n: q for n, (_, a) in specs.items() if a is not None and (q := self.act_quantizer(n, a)) is not None}
-        sqnr = {n: sqnr_db(self._originals[n].weight.detach(), qmodel.get_submodule(n).dequantized_weight(torch.float32))
+        sqnr = {n: sqnr_db(self._originals[n].weight.detach(),
+                           qmodel.get_submodule(n).dequantized_weight(torch.float32))
                 for n in done if n in self.weight_numel() and isinstance(qmodel.get_submodule(n), QuantLinear)
                 and qmodel.get_submodule(n).weight_spec is not None}
         report = build_report(qmodel, chosen, self.stats, quants, config, sqnr)

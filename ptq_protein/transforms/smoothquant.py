@@ -30,7 +30,8 @@ _PER_CHANNEL = TensorQuant(bits=8, granularity=Granularity.PER_CHANNEL)
 
 
 def input_channel_absmax(model: nn.Module, adapter: ModelAdapter, names: Sequence[str], sequences: Sequence[str],
-                         batch_size: Optional[int] = None, forward_kwargs: Optional[dict] = None) -> Dict[str, torch.Tensor]:
+                         batch_size: Optional[int] = None,
+                         forward_kwargs: Optional[dict] = None) -> Dict[str, torch.Tensor]:
     """Per-channel ``max |x|`` [C] of each named module's input over residue positions."""
     sites = [Site(n, SiteKind.LINEAR, adapter.group_of(n), type(model.get_submodule(n)).__name__, False) for n in names]
     stats = calibrate(model, adapter, sites, {n: _PER_CHANNEL for n in names}, sequences, batch_size=batch_size,

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from torch import nn
 
 from ptq_protein.api import CalibrationArg, CalibrationPass, calibration_records, crop_sequence, quantize
-from ptq_protein.config import Scheme, QuantConfig, TensorQuant
+from ptq_protein.config import QuantConfig, Scheme, TensorQuant
 from ptq_protein.eval.bench.fidelity import Reference, compare_to_reference, fidelity_sequences
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.presets import PRESETS, resolve_config

@@ -29,17 +29,17 @@ from typing import Dict, List, Optional, Union
 import torch
 from torch import nn
 
-from ptq_protein.models.adapters import get_adapter
-from ptq_protein.nn.special_tokens import apply_special_tokens_
 from ptq_protein.api import CalibrationArg, CalibrationInfo, QuantState
 from ptq_protein.calibration.calibrate import collect_stats
 from ptq_protein.calibration.sites import discover_sites
 from ptq_protein.config import QuantConfig
 from ptq_protein.errors import InputError
+from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.checkpoints import load_torch_checkpoint
 from ptq_protein.models.fair_esm2 import esm2_skeleton, fair_esm2_state, fill_missing_regression
 from ptq_protein.models.mapped import MappedFile, trim_heap
 from ptq_protein.nn.convert import swap_modules_
+from ptq_protein.nn.special_tokens import apply_special_tokens_
 from ptq_protein.passes.fit_activations import fit_activation_quantizers
 from ptq_protein.passes.plan import CalibrationPlan, plan_calibration
 from ptq_protein.passes.recipe import resolve_recipe

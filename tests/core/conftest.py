@@ -1,7 +1,6 @@
 """Tiny seeded models shared by the core tests (built once per session)."""
 
 import pytest
-
 from tiny_fixtures import SEQS, calib_seqs, esm2, esm2_plain, esmfold, hf_esm2, seqs  # noqa: F401 (fixtures)
 
 
@@ -12,8 +11,8 @@ def calibration_counter(monkeypatch):
     Wraps ``calibrate`` where the library calls it and every adapter class's
     ``forward``, so a forward counts only while a calibration pass is running.
     """
-    from ptq_protein.passes import forwards
     from ptq_protein.models.adapters import ModelAdapter
+    from ptq_protein.passes import forwards
 
     counts = {"passes": 0, "forwards": 0}
     inside = [False]

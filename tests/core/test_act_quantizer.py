@@ -10,7 +10,8 @@ from ptq_protein.quant.pwlq import asymmetric_pwlq, pwlq_from_breakpoints, symme
 
 def _inputs(dtype):
     torch.manual_seed(0)
-    x = torch.cat([torch.randn(20000) * 3, torch.randn(200) * 40, torch.tensor([0.0, float("nan"), float("inf"), -float("inf")])])
+    x = torch.cat([torch.randn(20000) * 3, torch.randn(200) * 40,
+                   torch.tensor([0.0, float("nan"), float("inf"), -float("inf")])])
     return x.to(dtype)
 
 

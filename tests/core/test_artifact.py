@@ -7,8 +7,8 @@ import torch
 from safetensors.torch import load_file
 
 import ptq_protein as pp
-from ptq_protein.models.adapters import get_adapter
 from ptq_protein.errors import ArtifactError
+from ptq_protein.models.adapters import get_adapter
 
 
 def _out(model, seqs):

@@ -119,7 +119,8 @@ def test_fp8_modules_equal_torch_casts(esm2, saved):
     assert torch.equal(lin.dequantized_weight(torch.float32), (w / scale).to(torch.float8_e4m3fn).float() * scale)
     x = torch.randn(6, lin.in_features) * 4
     s = lin.input_quant.scale
-    assert s.dim() == 0 and torch.equal(lin.input_quant(x), (x / s).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s)
+    assert s.dim() == 0 and torch.equal(lin.input_quant(x),
+                                        (x / s).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s)
 
 
 @pytest.mark.parametrize("fmt", list(FP8Format))

@@ -5,10 +5,10 @@ import torch
 from torch import nn
 
 from ptq_protein.calibration import calibrate as cal
-from ptq_protein.models.adapters import get_adapter
-from ptq_protein.config import RangeMethod, SiteKind, TensorQuant
-from ptq_protein.presets import PRESETS
 from ptq_protein.calibration.sites import Site, discover_sites, select_sites
+from ptq_protein.config import RangeMethod, SiteKind, TensorQuant
+from ptq_protein.models.adapters import get_adapter
+from ptq_protein.presets import PRESETS
 
 
 def _state_of(stats):

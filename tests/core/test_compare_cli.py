@@ -126,7 +126,10 @@ def test_readme_quickstart_output_is_the_printed_format(capsys):
     (["--auto", "--budget", "logits_rel<=0.5", "--compare", "w8a8-uniform"], "--compare does not apply with --auto"),
 ])
 def test_bad_combinations_are_refused_before_any_work(tmp_path, capsys, calibration_counter, argv, words):
-    """Every recipe is checked with --backend before the model loads: exit 2, one line, nothing calibrated or written."""
+    """Every recipe is checked with --backend before the model loads.
+
+    Exit 2, one line, nothing calibrated or written.
+    """
     code, _, err = _run(capsys, "quantize", "tiny-esm2", "--calib", "casp14:3", *argv, "--out", str(tmp_path / "a"))
     if words is None:  # a combination that is fine must still run
         assert code == 0, err

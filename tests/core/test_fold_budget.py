@@ -7,7 +7,15 @@ import pytest
 from ptq_protein.cli.common import parse_memory_size
 from ptq_protein.cli.main import main
 from ptq_protein.eval.bench.fold_budget import FoldRefused, longest_fitting, planned_fold
-from ptq_protein.models.fold_memory import CHUNK_CHOICES, PAIR_INT8_ROWS, FoldDims, FoldPlan, choose_plan, dims_of, predict_peak
+from ptq_protein.models.fold_memory import (
+    CHUNK_CHOICES,
+    PAIR_INT8_ROWS,
+    FoldDims,
+    FoldPlan,
+    choose_plan,
+    dims_of,
+    predict_peak,
+)
 
 REAL = FoldDims(c_z=128, seq_heads=32, pair_heads=4, bins=64, stem_heads=20, weight_bytes=150 << 20)
 

@@ -5,8 +5,8 @@ import logging
 import pytest
 import torch
 
-from ptq_protein.nn import fused
 from ptq_protein.config import Granularity, Scheme, TensorQuant
+from ptq_protein.nn import fused
 from ptq_protein.nn.modules import ActQuantizer
 from ptq_protein.quant.codebook import codebook_step_function, pwlq_fake_quantize
 from ptq_protein.quant.pwlq import asymmetric_pwlq, pwlq_from_breakpoints
@@ -87,7 +87,8 @@ def test_compiled_pwlq_matches_reference(fused_mode, cb, dtype):
 
 
 @pytest.mark.parametrize("symmetric, scale, zp", [(True, torch.tensor(0.05), torch.tensor(0)),
-                                                  (False, torch.tensor([0.07, 1e-3, 0.5]), torch.tensor([-13, 100, 0]))],
+                                                  (False, torch.tensor([0.07, 1e-3, 0.5]),
+                                                   torch.tensor([-13, 100, 0]))],
                          ids=["per-tensor-sym", "per-channel-asym"])
 def test_compiled_uniform_matches_eager(fused_mode, symmetric, scale, zp):
     q = ActQuantizer(TensorQuant(bits=8, symmetric=symmetric), scale=scale, zero_point=zp)
@@ -137,7 +138,8 @@ def test_compile_failure_warns_once_and_falls_back(fused_mode, monkeypatch, capl
         first, second = q(x), q(x)
     assert _same(first, pwlq_fake_quantize(x, cb)) and _same(second, first)
     warnings = [r.getMessage() for r in caplog.records]
-    assert len(warnings) == 1 and "RuntimeError: no C++ compiler found" in warnings[0] and "long details" not in warnings[0]
+    assert len(warnings) == 1
+    assert "RuntimeError: no C++ compiler found" in warnings[0] and "long details" not in warnings[0]
 
 
 @pytest.mark.parametrize("preset", ["w8a8-pwlq", "w8a8-uniform", "w8a8-pwlq-all"])
@@ -223,7 +225,8 @@ def test_compiled_codes_match_encoders(fused_mode, cb):
             assert got.dtype == torch.int8 and torch.equal(got, q.encode(x)[0].to(torch.int8))
         finite = x[torch.isfinite(x)][:4000].reshape(-1, 40)  # per-token ranges need finite rows
         for symmetric in (True, False):
-            tok = ActQuantizer(TensorQuant(bits=8, granularity=Granularity.PER_TOKEN, dynamic=True, symmetric=symmetric))
+            tok = ActQuantizer(TensorQuant(bits=8, granularity=Granularity.PER_TOKEN, dynamic=True,
+                                           symmetric=symmetric))
             codes, params = encode_codes(tok, finite)
             want, want_params = tok.encode(finite)
             assert fused._broken is None, fused._broken

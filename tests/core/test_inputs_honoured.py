@@ -101,7 +101,7 @@ def test_library_warnings_reach_the_cli_as_one_logging_line(capsys):
             handler.emit = records.append
             logging.getLogger("py.warnings").addHandler(handler)
             try:
-                warnings.warn("pairs[0] has only 2 common residues;\n its TM-score is degenerate")
+                warnings.warn("pairs[0] has only 2 common residues;\n its TM-score is degenerate", stacklevel=1)
             finally:
                 logging.getLogger("py.warnings").removeHandler(handler)
     finally:

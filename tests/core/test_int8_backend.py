@@ -4,9 +4,9 @@ import pytest
 import torch
 
 import ptq_protein as pp
+from ptq_protein.eval.bench.fidelity import relative_error
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.fused_float import use_fused_float_
-from ptq_protein.eval.bench.fidelity import relative_error
 from ptq_protein.nn.int_exec import first_accumulators
 from ptq_protein.nn.modules import QuantLinear
 

@@ -9,10 +9,10 @@ import warnings
 
 import pytest
 import torch
-from ptq_protein.kernels.reference import int_matmul
 
 import ptq_protein as pp
 from ptq_protein.config import Backend, Granularity, Scheme, TensorQuant
+from ptq_protein.kernels.reference import int_matmul
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.tiny import tiny_esm2
 from ptq_protein.nn import cpu_int8, int_fast

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 import ptq_protein as pp
-from ptq_protein.workflows import memory_budget as budget
 from ptq_protein.cli.main import main
 from ptq_protein.models.loading import load_model
 from ptq_protein.models.mapped import mapped_file_of
 from ptq_protein.models.tiny import build_tiny
 from ptq_protein.nn.convert import cache_dequantized_weights
+from ptq_protein.workflows import memory_budget as budget
 from ptq_protein.workflows.streaming import quantize_streaming
 
 SEQS = ["MKTAYIAKQRQISFVKSHFSRQ", "GSHMLEDPVAGK", "MQIFVKTLTGKTITLEVEPSDTIENVKAKIQDKEG"]

@@ -1,4 +1,7 @@
-"""Int8 pair activations: the holder's rounding, the chunked trunk against transformers, fidelity, recipes, artifacts."""
+"""Int8 pair activations.
+
+The holder's rounding, the chunked trunk against transformers, fidelity, recipes, artifacts.
+"""
 
 import copy
 import math
@@ -9,8 +12,7 @@ import torch
 import ptq_protein as pp
 from ptq_protein.config import QuantConfig
 from ptq_protein.models.adapters import HFEsmFoldAdapter
-from ptq_protein.nn.pair_int8 import Int8Pair, pair_bits_of, use_pair_int8
-from ptq_protein.nn.pair_int8 import holder
+from ptq_protein.nn.pair_int8 import Int8Pair, holder, pair_bits_of, use_pair_int8
 
 LONG = "MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQAPILSRVGDGTQDNLSGAEKAVQVKVKALPDAQ"  # 66 residues
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import ptq_protein as pp
-from ptq_protein.models.adapters import get_adapter
 from ptq_protein.config import QuantConfig, SiteKind, TensorQuant
 from ptq_protein.errors import InputError
 from ptq_protein.eval.bench.fidelity import relative_error
+from ptq_protein.models.adapters import get_adapter
 from ptq_protein.presets import PRESETS
 
 
@@ -135,8 +135,8 @@ def test_nan_activations_are_reported_with_the_site(esm2, seqs):
 def test_zero_range_activation_site_is_safe():
     """A constant (all-zero) site gets a valid quantizer that is exact at zero."""
     from ptq_protein.calibration.calibrate import SiteStats
-    from ptq_protein.nn.qparams import activation_quantizer
     from ptq_protein.calibration.sites import Site
+    from ptq_protein.nn.qparams import activation_quantizer
 
     for preset in ("w8a8-uniform", "w8a8-pwlq"):
         spec = PRESETS[preset].activations
@@ -164,9 +164,9 @@ def test_matmul_sites_quantize_attention_operands(esm2, esmfold, seqs):
 
 def test_calibration_statistics_ignore_padding(esm2, seqs):
     """Batching short with long sequences (padding, BOS/EOS) gives the same statistics as one at a time."""
-    from ptq_protein.models.adapters import get_adapter
     from ptq_protein.calibration.calibrate import calibrate
     from ptq_protein.calibration.sites import discover_sites, select_sites
+    from ptq_protein.models.adapters import get_adapter
 
     cfg = PRESETS["w8a8-pwlq-all"]
     adapter = get_adapter(esm2)
@@ -183,9 +183,9 @@ def test_calibration_statistics_ignore_padding(esm2, seqs):
 
 def test_calibration_memory_is_bounded(esm2, seqs):
     """Observer state does not grow with the number of calibration sequences."""
-    from ptq_protein.models.adapters import get_adapter
     from ptq_protein.calibration.calibrate import calibrate
     from ptq_protein.calibration.sites import discover_sites, select_sites
+    from ptq_protein.models.adapters import get_adapter
 
     cfg = PRESETS["w8a8-uniform"]
     adapter = get_adapter(esm2)

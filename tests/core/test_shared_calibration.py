@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import ptq_protein as pp
-from ptq_protein.workflows import shared_calibration
 from ptq_protein.calibration.sharing import StatsNeeds, merge_collection_specs
 from ptq_protein.config import Granularity, RangeMethod, Scheme, TensorQuant
 from ptq_protein.models.adapters import get_adapter
+from ptq_protein.workflows import shared_calibration
 
 
 def _logits(model, seqs):
@@ -63,8 +63,8 @@ def test_stats_needs_merge():
 
 
 def test_study_recipes_share_one_batch_1_pass_and_equal_calibrating_alone(esm2, seqs, monkeypatch):
-    from ptq_protein.passes import forwards
     from ptq_protein.calibration import study
+    from ptq_protein.passes import forwards
 
     runs = []
     real = study.study_calibrate

@@ -5,8 +5,14 @@ import gzip
 import pytest
 
 from ptq_protein.errors import InputError
-from ptq_protein.fasta import (ESM2_MAX_RESIDUES, STANDARD_AMINO_ACIDS, read_fasta, read_fasta_records,
-                               validate_sequence, write_fasta)
+from ptq_protein.fasta import (
+    ESM2_MAX_RESIDUES,
+    STANDARD_AMINO_ACIDS,
+    read_fasta,
+    read_fasta_records,
+    validate_sequence,
+    write_fasta,
+)
 
 
 def _one_line_error(excinfo) -> str:

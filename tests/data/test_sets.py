@@ -7,9 +7,18 @@ import shutil
 import pytest
 
 from ptq_protein import data as bundle
+from ptq_protein.data.sets import (
+    BUNDLED_SETS,
+    BenchmarkSet,
+    Numbering,
+    SetSpec,
+    Target,
+    load_set,
+    match_natives,
+    parse_set_spec,
+    read_structure_text,
+)
 from ptq_protein.errors import ArtifactError, InputError
-from ptq_protein.data.sets import (BUNDLED_SETS, BenchmarkSet, Numbering, SetSpec, Target, load_set, match_natives,
-                              parse_set_spec, read_structure_text)
 
 THREE_TO_ONE = {"ALA": "A", "ARG": "R", "ASN": "N", "ASP": "D", "CYS": "C", "GLN": "Q", "GLU": "E", "GLY": "G",
                 "HIS": "H", "ILE": "I", "LEU": "L", "LYS": "K", "MET": "M", "PHE": "F", "PRO": "P", "SER": "S",

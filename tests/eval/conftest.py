@@ -6,7 +6,6 @@ import gzip
 import json
 
 import pytest
-
 from eval_testlib import DATA, FULL_NATIVE
 
 

@@ -6,8 +6,8 @@ import logging
 
 import numpy as np
 import pytest
-
 from eval_testlib import ca_residues, pdb_lines, random_walk
+
 from ptq_protein.errors import InputError
 from ptq_protein.eval.contacts import contact_precision
 from ptq_protein.eval.lddt import lddt

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from eval_testlib import random_walk
+
 from ptq_protein.errors import InputError
 from ptq_protein.eval.atoms import AMBIGUOUS_ATOM_SWAPS, ATOM37_INDEX
 from ptq_protein.eval.lddt import LDDTMode, lddt

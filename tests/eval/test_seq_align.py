@@ -53,7 +53,8 @@ def test_optimal_score_matches_biopython(aligner):
     rng = np.random.default_rng(0)
     for trial in range(120):
         a = "".join(rng.choice(AMINO, int(rng.integers(1, 60))))
-        b = _mutate(a, rng, int(rng.integers(0, 10))) if trial % 2 else "".join(rng.choice(AMINO, int(rng.integers(1, 60))))
+        b = _mutate(a, rng,
+                    int(rng.integers(0, 10))) if trial % 2 else "".join(rng.choice(AMINO, int(rng.integers(1, 60))))
         aln = global_align(a, b)
         assert aln.score == aligner.score(a, b), (a, b)
         assert _path_score(a, b, aln.index_a, aln.index_b) == aln.score
@@ -82,7 +83,8 @@ def test_optimal_score_matches_an_independent_gotoh():
     rng = np.random.default_rng(7)
     for trial in range(40):
         a = "".join(rng.choice(AMINO, int(rng.integers(1, 25))))
-        b = _mutate(a, rng, int(rng.integers(0, 6))) if trial % 2 else "".join(rng.choice(AMINO, int(rng.integers(1, 25))))
+        b = _mutate(a, rng,
+                    int(rng.integers(0, 6))) if trial % 2 else "".join(rng.choice(AMINO, int(rng.integers(1, 25))))
         aln = global_align(a, b)
         assert aln.score == _gotoh_score(a, b) == _path_score(a, b, aln.index_a, aln.index_b), (a, b)
 

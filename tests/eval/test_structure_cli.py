@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 import pytest
-
 from eval_testlib import FULL_NATIVE, STRUCTURES
+
 from ptq_protein.cli.main import main
 from ptq_protein.eval.contacts import contact_map
 from ptq_protein.eval.tmscore import tm_score

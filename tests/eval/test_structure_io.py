@@ -8,8 +8,8 @@ import io
 import numpy as np
 import pytest
 import torch
-
 from eval_testlib import FULL_NATIVE, ca_residues, pdb_lines, random_walk
+
 from ptq_protein.eval.atoms import ATOM37_INDEX, ATOM37_NAMES
 from ptq_protein.eval.structure import Structure, as_structure, load_structure
 
@@ -26,7 +26,8 @@ def test_reads_the_native(full_native, full_native_text):
     assert s.residue_numbers.tolist() == list(range(1, 64))
     assert s.sequence.startswith("M") and "X" not in s.sequence
     first_ca = next(line for line in full_native_text.splitlines() if line[12:16] == " CA ")
-    np.testing.assert_allclose(s.ca[0], [float(first_ca[30:38]), float(first_ca[38:46]), float(first_ca[46:54])], atol=1e-4)
+    np.testing.assert_allclose(s.ca[0], [float(first_ca[30:38]), float(first_ca[38:46]), float(first_ca[46:54])],
+                               atol=1e-4)
     n_atoms = sum(1 for line in full_native_text.splitlines() if line.startswith("ATOM") and line[76:78].strip() != "H")
     assert s.atom37_mask.sum() == n_atoms
     assert s.has_side_chains
@@ -66,7 +67,8 @@ def test_esmfold_output_to_pdb_round_trip(full_native):
     output = {"positions": atom14[None, None].float(), "aatype": aatype[None],
               "atom37_atom_exists": masks["atom37_atom_exists"][None],
               "residx_atom37_to_atom14": masks["residx_atom37_to_atom14"][None],
-              "residue_index": torch.arange(len(full_native))[None], "plddt": torch.full((1, len(full_native), 37), 80.0)}
+              "residue_index": torch.arange(len(full_native))[None],
+              "plddt": torch.full((1, len(full_native), 37), 80.0)}
     pdb = EsmForProteinFolding.output_to_pdb(output)[0]
     pred = load_structure(pdb)
     assert pred.chain_id == "A" and pred.sequence == full_native.sequence

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from eval_testlib import random_rotation
+
 from ptq_protein.eval.superpose import apply_transform, kabsch, superposition_rmsd
 
 
@@ -33,7 +33,7 @@ def test_matches_svd_reference(noise):
     rotation, translation = kabsch(torch.tensor(np.array(xs)), torch.tensor(np.array(ys)), torch.tensor(np.array(ws)))
     for i in range(64):
         r_ref, t_ref = svd_reference(xs[i], ys[i], ws[i])
-        res = lambda r, t: (ws[i] * ((xs[i] @ r.T + t - ys[i]) ** 2).sum(1)).sum()  # noqa: E731
+        res = lambda r, t, i=i: (ws[i] * ((xs[i] @ r.T + t - ys[i]) ** 2).sum(1)).sum()  # noqa: E731
         assert res(rotation[i].numpy(), translation[i].numpy()) == pytest.approx(res(r_ref, t_ref), rel=1e-9, abs=1e-9)
         assert np.linalg.det(rotation[i].numpy()) == pytest.approx(1.0, abs=1e-12)
         np.testing.assert_allclose(rotation[i].numpy(), r_ref, atol=1e-6)
@@ -76,3 +76,23 @@ def test_rmsd_of_exact_copy_and_of_known_offset():
     assert 0 < superposition_rmsd(x, y).item() < 3.0 / np.sqrt(30)
     with pytest.raises(ValueError):
         kabsch(x, x[:5])
+
+
+def test_numpy_arrays_give_numpy_results_equal_to_torch():
+    """One implementation for both libraries: numpy in, numpy out, the same rotation as torch and as the SVD."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(0, 10, (8, 15, 3))
+    y = np.stack([xi @ random_rotation(rng).T + rng.normal(0, 1.0, xi.shape) for xi in x])
+    w = (rng.random((8, 15)) < 0.8).astype(float)
+    rotation, translation = kabsch(x, y, w)
+    assert isinstance(rotation, np.ndarray) and isinstance(translation, np.ndarray)
+    r_t, t_t = kabsch(torch.tensor(x), torch.tensor(y), torch.tensor(w))
+    np.testing.assert_allclose(rotation, r_t.numpy(), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(translation, t_t.numpy(), rtol=0, atol=1e-12)
+    for i in range(8):
+        r_ref, t_ref = svd_reference(x[i], y[i], w[i])
+        np.testing.assert_allclose(rotation[i], r_ref, atol=1e-9)
+        np.testing.assert_allclose(translation[i], t_ref, atol=1e-8)
+    rmsd = superposition_rmsd(x, y, w)
+    np.testing.assert_allclose(rmsd, superposition_rmsd(torch.tensor(x), torch.tensor(y), torch.tensor(w)).numpy(),
+                               rtol=0, atol=1e-12)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from eval_testlib import ca_residues, pdb_lines, random_rotation, random_walk
+
 from ptq_protein.errors import InputError
 from ptq_protein.eval.structure import Structure, load_structure
 from ptq_protein.eval.tmscore import TMScoreResult, tm_score, tm_score_batch

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from eval_testlib import STRUCTURES
+
 from ptq_protein.eval.tmscore import paired_ca, tm_score, tm_score_batch
 
 TM_TOLERANCE = 0.01  # issue goal: every pair
@@ -58,7 +58,8 @@ def test_rmsd_and_counts_match_tmscore_program(scored):
         assert abs(result.rmsd - ref["rmsd"]) <= RMSD_TOLERANCE, case["id"]
 
 
-@pytest.mark.parametrize("case_id", ["noise_7VNA_8", "eigenfold_7oj2.A", "shift_7TZG_8", "missing_7TZG", "short_7TV9_12"])
+@pytest.mark.parametrize("case_id",
+                         ["noise_7VNA_8", "eigenfold_7oj2.A", "shift_7TZG_8", "missing_7TZG", "short_7TV9_12"])
 def test_single_pair_api_reads_files(golden, case_id):
     case = next(c for c in golden["cases"] if c["id"] == case_id)
     result = tm_score(STRUCTURES / case["model"], STRUCTURES / case["native"], pairing=case["pairing"])

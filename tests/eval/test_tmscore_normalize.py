@@ -9,8 +9,8 @@ import json
 
 import numpy as np
 import pytest
-
 from eval_testlib import DATA, STRUCTURES
+
 from ptq_protein.errors import InputError
 from ptq_protein.eval.tmscore import TMNormalize, paired_ca, tm_score, tm_score_batch
 

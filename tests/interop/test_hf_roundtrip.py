@@ -11,7 +11,6 @@ from transformers import AutoModelForMaskedLM, EsmForMaskedLM, EsmForProteinFold
 
 import ptq_protein as pp
 from ptq_protein.errors import ArtifactError
-from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.tiny import esm_tokenizer
 
 
@@ -104,7 +103,7 @@ def test_tampered_files_refused_as_pp_load_refuses(masked_lm_artifact, tmp_path)
         folder = tmp_path / name
         shutil.copytree(masked_lm_artifact, folder)
         (folder / name).write_text(edit((folder / name).read_text()))
-        _same_refusal(lambda: pp.load(folder), lambda: AutoModelForMaskedLM.from_pretrained(folder))
+        _same_refusal(lambda f=folder: pp.load(f), lambda f=folder: AutoModelForMaskedLM.from_pretrained(f))
 
 
 def test_without_ptq_protein_transformers_says_what_to_install(masked_lm_artifact, monkeypatch):

@@ -164,7 +164,8 @@ def main(argv=None) -> int:
     launches = [x for x in CAPTURED if args.kernels is None or x.name in args.kernels]
     seen = set()
     for launch in launches:
-        signature = (launch.name, () if args.one_per_kernel else tuple(sorted((k, str(v)) for k, v in launch.kwargs.items())))
+        signature = (launch.name,
+                     () if args.one_per_kernel else tuple(sorted((k, str(v)) for k, v in launch.kwargs.items())))
         if signature in seen:  # same kernel and constexprs: one compile is enough
             continue
         seen.add(signature)

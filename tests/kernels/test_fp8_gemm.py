@@ -1,4 +1,7 @@
-"""FP8 GEMM through torch._scaled_mm: equal to the exact product of the decoded codes, and to the recipe's simulation."""
+"""FP8 GEMM through torch._scaled_mm.
+
+Equal to the exact product of the decoded codes, and to the recipe's simulation.
+"""
 
 import pytest
 import torch

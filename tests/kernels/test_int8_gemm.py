@@ -102,7 +102,8 @@ def test_non_contiguous_operands_read_through_strides():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_empty_batch(backend):
-    x_q, x_scale, w_q, w_scale = dev(torch.zeros(0, 8, dtype=torch.int8), torch.ones(0), torch.ones(4, 8, dtype=torch.int8),
+    x_q, x_scale, w_q, w_scale = dev(torch.zeros(0, 8, dtype=torch.int8), torch.ones(0),
+                                     torch.ones(4, 8, dtype=torch.int8),
                                      torch.ones(4))
     y = int8_linear(x_q, x_scale, None, w_q, w_scale, backend=backend)
     assert y.shape == (0, 4)

@@ -99,7 +99,8 @@ def test_linear_large_k_and_half_precision_out():
 
 def test_uniform_codebook_is_the_int8_linear():
     gen = torch.Generator().manual_seed(6)
-    x_q, w_q, w_scale = dev(codes(gen, (17, 48), -127, 127), codes(gen, (20, 48), -127, 127), torch.rand(20, generator=gen))
+    x_q, w_q, w_scale = dev(codes(gen, (17, 48), -127, 127), codes(gen, (20, 48), -127, 127),
+                            torch.rand(20, generator=gen))
     y = pwlq_linear(x_q, **codebook_of(UNIFORM), w_q=w_q, w_scale=w_scale, backend="triton")
     ref = int8_linear(x_q, dev(torch.tensor(UNIFORM["scales"][0])), None, w_q, w_scale, backend="triton")
     torch.testing.assert_close(y, ref, rtol=1e-6, atol=0.0)

@@ -8,13 +8,13 @@ import warnings
 
 import pytest
 import torch
+from tiny_fixtures import SEQS
 from torch.nn import functional as F
 
 import ptq_protein as pp
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.fused_float import _attention, fused_attention_runs, use_fused_float_
 from ptq_protein.models.tiny import tiny_esm2
-from tiny_fixtures import SEQS
 
 esm_mha = pytest.importorskip("esm.multihead_attention")
 

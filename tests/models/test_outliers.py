@@ -5,9 +5,9 @@ import pytest
 import scipy.stats
 import torch
 
+from ptq_protein.data.sets import load_set
 from ptq_protein.models import OutlierSpec, channel_asymmetry, channel_kurtosis, tiny_esm2, tiny_esmfold, tiny_hf_esm2
 from ptq_protein.models.tokens import tokenize_fair_esm
-from ptq_protein.data.sets import load_set
 
 INT8_MAX = 127  # symmetric signed 8-bit grid
 

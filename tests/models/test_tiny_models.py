@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from ptq_protein.models import (TINY_MODELS, build_tiny, tiny_esm2, tiny_esmfold, tiny_esmfold_config,
-                                tiny_hf_esm2)
+from ptq_protein.models import TINY_MODELS, build_tiny, tiny_esm2, tiny_esmfold, tiny_esmfold_config, tiny_hf_esm2
 from ptq_protein.models.tokens import tokenize_esmfold, tokenize_fair_esm, tokenize_hf_esm
 
 SEQUENCES = ["MKTAYIAKQRQISFVKSHFSRQ", "GSHMLEDPV"]

@@ -53,7 +53,7 @@ def ratios(x: torch.Tensor, dist: str, bits: int) -> dict[str, float]:
         "search_2bp": search_pwlq(counts, edges, bits, 2).codebook,
         "search_3bp": search_pwlq(counts, edges, bits, 3).codebook,
     }
-    return {k: quantization_mse(x, lambda t: pwlq_fake_quantize(t, cb)) / uni for k, cb in cbs.items()}
+    return {k: quantization_mse(x, lambda t, cb=cb: pwlq_fake_quantize(t, cb)) / uni for k, cb in cbs.items()}
 
 
 def main(n: int = 100_000, seed: int = 0) -> None:

@@ -114,7 +114,7 @@ def test_reported_mse_is_the_codebooks_measured_mse(searched):
         if variant not in ("1bp", "3bp"):
             continue
         x = SAMPLES[dist]
-        measured = quantization_mse(x, lambda t: pwlq_fake_quantize(t, res.codebook))
+        measured = quantization_mse(x, lambda t, cb=res.codebook: pwlq_fake_quantize(t, cb))
         assert res.mse == pytest.approx(measured, rel=0.03)
         assert res.ratio == pytest.approx(res.mse / res.uniform_mse)
         lo, hi = qrange(bits, True)
@@ -164,5 +164,5 @@ def test_one_sided_histogram_gives_valid_monotone_codebook(lo, gen):
         levels = res.codebook.levels()
         assert (levels[1:] > levels[:-1]).all()
         assert res.codebook.zero_code < -(2 ** (bits - 1)) + 2 ** (bits - 2)  # most codes go positive
-        measured = quantization_mse(x, lambda t: pwlq_fake_quantize(t, res.codebook))
+        measured = quantization_mse(x, lambda t, cb=res.codebook: pwlq_fake_quantize(t, cb))
         assert res.mse == pytest.approx(measured, rel=0.05)

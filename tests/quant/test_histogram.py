@@ -121,4 +121,5 @@ def test_known_extremes_give_the_same_histogram():
         x = (torch.randn(1000) * scale).to(torch.float64)
         a.update(x)
         b.update(x, extremes=torch.aminmax(x))
-    assert torch.equal(a.counts, b.counts) and (a.lo, a.width, a.min_val, a.max_val) == (b.lo, b.width, b.min_val, b.max_val)
+    assert torch.equal(a.counts, b.counts)
+    assert (a.lo, a.width, a.min_val, a.max_val) == (b.lo, b.width, b.min_val, b.max_val)

@@ -1,6 +1,5 @@
 """Mixed precision: budgets, the plan's width, held-out verification, artifacts, bad input."""
 
-import itertools
 import random
 
 import pytest
@@ -98,7 +97,8 @@ def test_auto_meets_the_budget_on_held_out_sequences(esm2, auto_model, metric_se
     assert sum(errors) / len(errors) <= 0.02
     assert dict(plan.verified)["logits_rel"] == pytest.approx(sum(errors) / len(errors), rel=1e-9)
     sites = [s for _, _, names in plan.units for s in names]
-    numel = {s: esm2.get_submodule(s).weight.numel() for s in sites if isinstance(esm2.get_submodule(s), torch.nn.Linear)}
+    numel = {s: esm2.get_submodule(s).weight.numel() for s in sites
+             if isinstance(esm2.get_submodule(s), torch.nn.Linear)}
     assert plan.avg_bits == pytest.approx(_module_bits(auto_model, sites, numel))
     assert plan.avg_bits < FP_BITS and any(c != "fp" for _, c, _ in plan.units)
 

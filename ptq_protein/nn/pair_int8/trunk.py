@@ -65,7 +65,10 @@ class RowWise(nn.Module):
 
 @contextlib.contextmanager
 def pair_rows_in(structure_module: nn.Module, rows: int) -> Iterator[None]:
-    """The structure module's pair LayerNorm and its IPA run by row chunks (:class:`RowWise`, :class:`RowChunkedIPA`)."""
+    """The structure module's pair LayerNorm and its IPA run by row chunks.
+
+    See :class:`RowWise` and :class:`RowChunkedIPA`.
+    """
     old = structure_module.layer_norm_z, structure_module.ipa
     structure_module.layer_norm_z, structure_module.ipa = RowWise(old[0]), RowChunkedIPA(old[1], rows)
     try:
@@ -154,7 +157,8 @@ def _trunk(trunk: nn.Module, s_s_0: torch.Tensor, aa: torch.Tensor, residx: torc
         for block in trunk.blocks:
             s, z = block_forward(block, s, z, mask, rows, att_rows)
         with pair_rows_in(trunk.structure_module, rows):
-            structure = trunk.structure_module({"single": trunk.trunk2sm_s(s), "pair": PairRows(z, rows, trunk.trunk2sm_z)},
+            structure = trunk.structure_module({"single": trunk.trunk2sm_s(s),
+                                                "pair": PairRows(z, rows, trunk.trunk2sm_z)},
                                                aa, mask.float())
         recycle_s, recycle_z = s, z
         recycle_bins = type(trunk).distogram(structure["positions"][-1][:, :, :3], 3.375, 21.375, trunk.recycle_bins)

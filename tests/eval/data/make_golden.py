@@ -46,7 +46,8 @@ def main() -> None:
     cases = []
     with tempfile.TemporaryDirectory() as tmp:
         ctx = {"tmscore": args.tmscore, "out": out, "tmp": Path(tmp), "rng": rng}
-        natives = {name: read_ca((shared / "cameo139" / "native" / f"{name}.pdb").read_text()) for name in NOISE_NATIVES}
+        natives = {name: read_ca((shared / "cameo139" / "native" / f"{name}.pdb").read_text())
+                   for name in NOISE_NATIVES}
         for name, res in natives.items():
             write_pdb(out / "structures" / f"{name}.native.pdb.gz", res)
         cases += noise_cases(ctx, natives)
@@ -86,7 +87,8 @@ def read_ca(text: str) -> list:
 
 
 def write_pdb(path: Path, residues: list) -> None:
-    lines = [f"ATOM  {i + 1:>5}  CA  {name:>3} A{num:>4}{icode or ' ':1}   {x:8.3f}{y:8.3f}{z:8.3f}  1.00  0.00           C"
+    lines = [f"ATOM  {i + 1:>5}  CA  {name:>3} A{num:>4}{icode or ' ':1}   {x:8.3f}{y:8.3f}{z:8.3f}  1.00  "
+             "0.00           C"
              for i, (name, num, icode, (x, y, z)) in enumerate(residues)]
     data = ("\n".join(lines + ["TER", "END"]) + "\n").encode()
     with open(path, "wb") as handle, gzip.GzipFile(fileobj=handle, mode="wb", mtime=0, filename="") as gz:
@@ -183,7 +185,8 @@ def hinge_cases(ctx: dict, natives: dict) -> list:
             moved = xyz.copy()
             moved[hinge:] = (xyz[hinge:] - xyz[hinge]) @ axis_rotation(axis, angle).T + xyz[hinge]
             out.append(case(ctx, f"hinge_{name}_{angle}", "hinge", with_coords(res, rigid(ctx["rng"], moved)),
-                            f"{name}.native.pdb.gz", f"residues {hinge + 1}.. rotated {angle} deg about CA {hinge + 1}"))
+                            f"{name}.native.pdb.gz",
+                            f"residues {hinge + 1}.. rotated {angle} deg about CA {hinge + 1}"))
     return out
 
 

@@ -22,9 +22,17 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-
-from make_golden import (SEED, THREE, first_banner_line, parse_args, read_ca, renumbered_native, run_tmscore,
-                         sequence_alignment, write_pdb)
+from make_golden import (
+    SEED,
+    THREE,
+    first_banner_line,
+    parse_args,
+    read_ca,
+    renumbered_native,
+    run_tmscore,
+    sequence_alignment,
+    write_pdb,
+)
 
 MISSING_TARGETS = ("7vf3.B", "7q83.D", "8ds5.A")  # cameo2022: 15/155, 156/274, 96/164 residues observed
 ONE = {v: k for k, v in THREE.items()}
@@ -51,7 +59,8 @@ def swapped_case(ctx: dict, case: dict, shared: Path) -> dict:
         target = case["native"][: -len(".native.pdb.gz")]
         model = read_ca(_gunzip(structures / case["model"]))
         native = ctx["tmp"] / f"{target}.renumbered.pdb.gz"
-        write_pdb(native, renumbered_native(model, read_ca((shared / "cameo2022" / "native" / f"{target}.pdb").read_text())))
+        write_pdb(native,
+                  renumbered_native(model, read_ca((shared / "cameo2022" / "native" / f"{target}.pdb").read_text())))
     return {"id": case["id"], "part": "swapped", "model": case["model"], "native": case["native"],
             "pairing": case["pairing"], "tmscore_sequence": run_tmscore(ctx, native, structures / case["model"])}
 
@@ -87,7 +96,8 @@ def full_sequence_model(seqres: str, native: list) -> list:
     index = sequence_alignment(seqres, "".join(THREE.get(r[0], "X") for r in native))
     known = {index[i]: r[3] for i, r in enumerate(native) if i in index}
     positions = sorted(known)
-    xyz = np.stack([np.interp(np.arange(len(seqres)), positions, [known[p][d] for p in positions]) for d in range(3)], 1)
+    xyz = np.stack([np.interp(np.arange(len(seqres)), positions, [known[p][d] for p in positions]) for d in range(3)],
+                   1)
     return [(ONE.get(a, "GLY"), k + 1, "", xyz[k]) for k, a in enumerate(seqres)]
 
 
