@@ -184,3 +184,14 @@ def test_explicit_attention_ungroups():
         qmodel(tokens)
     use_fused_float_(qmodel, enabled=False)
     assert all(getattr(m, "shared_input", None) is None for m in qmodel.modules() if isinstance(m, QuantLinear))
+
+
+def test_inference_mode_compares_the_input_object():
+    """Inference tensors keep no version counter: the group still serves each member once per input object."""
+    members, alone = _group()
+    x = torch.randn(13, 67)
+    with torch.inference_mode():
+        got = [mod(x) for mod in members]
+        again = [mod(x.clone()) for mod in members]
+        ref = [mod(x) for mod in alone]
+    assert all(torch.equal(g, r) and torch.equal(a, r) for g, a, r in zip(got, again, ref))
