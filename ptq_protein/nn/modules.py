@@ -20,6 +20,7 @@ from torch.nn import functional as F
 
 from ptq_protein.config import Backend, Engine, Granularity, Scheme, TensorQuant
 from ptq_protein.nn.fused import fused_call, padded_regions, piecewise_fake, uniform_fake
+from ptq_protein.nn.row_ops import restore_rows, row_slice
 from ptq_protein.quant.codebook import PiecewiseCodebook, pwlq_dequantize, pwlq_quantize
 from ptq_protein.quant.fit import pwlq_codebook_for_values
 from ptq_protein.quant.fp8 import fp8_dequantize, fp8_fake_quantize, fp8_per_token, fp8_quantize, fp8_scale
@@ -38,20 +39,6 @@ def _apply_keeping_float32(module: nn.Module, names: tuple, fn, recurse: bool):
     out = nn.Module._apply(module, fn, recurse)
     for n, old in kept.items():
         setattr(module, n, old.to(device=getattr(module, n).device))
-    return out
-
-
-def _restore_rows(x: torch.Tensor, out: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """``where(keep, x, out)``; a per-row mask (``[..., 1]``) copies those few rows into ``out`` in place.
-
-    ``out`` is the quantizer's fresh output; a full-size ``where`` would be one
-    more pass over the activation to change two rows per sequence.
-    """
-    if keep.shape[-1] != 1 or keep.shape[:-1] != x.shape[:-1] or not out.is_contiguous() or out.shape != x.shape:
-        return torch.where(keep, x, out)
-    index = keep.reshape(-1).nonzero().flatten()
-    flat = out.view(-1, out.shape[-1])
-    flat.index_copy_(0, index, x.reshape(-1, x.shape[-1]).index_select(0, index).to(out.dtype))
     return out
 
 
@@ -192,7 +179,7 @@ class ActQuantizer(nn.Module):
             out = self.decode(codes, params)
             out = torch.where(torch.isnan(x), x.to(out.dtype), out).to(x.dtype)
         keep = self.special_rows(x)
-        return out if keep is None else _restore_rows(x, out, keep)
+        return out if keep is None else restore_rows(x, out, keep)
 
     def state(self) -> Dict[str, Any]:
         """JSON-able parameters (the tensors are small: scalars or [C])."""
@@ -314,8 +301,8 @@ class QuantLinear(nn.Module):
         if self.weight_spec is None:
             return self.weight[start:stop].float()
         return self._decode(self.plain_weight_codes()[start:stop],
-                            _row_slice(getattr(self, "weight_scale", None), start, stop),
-                            _row_slice(getattr(self, "weight_zero_point", None), start, stop))
+                            row_slice(getattr(self, "weight_scale", None), start, stop),
+                            row_slice(getattr(self, "weight_zero_point", None), start, stop))
 
     def _decode(self, codes: torch.Tensor, scale: Optional[torch.Tensor],
                 zero_point: Optional[torch.Tensor]) -> torch.Tensor:
@@ -392,10 +379,3 @@ class QuantInput(nn.Module):
             return super().__getattr__(name)
         except AttributeError:  # parents may read e.g. ``layer_norm.weight`` / ``normalized_shape``
             return getattr(super().__getattr__("module"), name)
-
-
-def _row_slice(t: Optional[torch.Tensor], start: int, stop: int) -> Optional[torch.Tensor]:
-    """Rows ``start:stop`` of a per-row parameter; a per-tensor one (0-d or one row) as it is."""
-    if t is None or t.dim() == 0 or t.shape[0] == 1:
-        return t
-    return t[start:stop]
