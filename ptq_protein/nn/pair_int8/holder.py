@@ -71,8 +71,9 @@ def quantize_vectors(x: torch.Tensor):
     offsets = (low - low.abs() * _ROUND_MARGIN).to(_PARAM_DTYPE)
     span = high - offsets.float()
     scales = (span / _LEVELS * (1 + _ROUND_MARGIN)).clamp_min(_TINY).to(_PARAM_DTYPE)
-    steps = (xg - offsets.float().unsqueeze(-1)) / scales.float().unsqueeze(-1)
-    codes = (steps.round_().clamp_(0, _LEVELS) - 128).to(torch.int8).flatten(-2)
+    inverse = 1 / scales.float()
+    steps = torch.addcmul((-offsets.float() * inverse - 128).unsqueeze(-1), xg, inverse.unsqueeze(-1))  # one pass
+    codes = steps.round_().clamp_(-128, _LEVELS - 128).to(torch.int8).flatten(-2)
     absmax = torch.maximum(high.abs(), low.abs()).amax(-1)
     rms = torch.linalg.vector_norm(xf, dim=-1) / math.sqrt(x.shape[-1])
     crest = absmax / rms.clamp_min(_TINY)
@@ -88,8 +89,9 @@ def quantize_vectors(x: torch.Tensor):
 
 def dequantize_vectors(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """float32 values [..., C] of :func:`quantize_vectors`' codes, scales and offsets."""
-    steps = codes.float().unflatten(-1, (scales.shape[-1], -1)) + 128
-    return (steps * scales.float().unsqueeze(-1) + offsets.float().unsqueeze(-1)).flatten(-2)
+    scale = scales.float().unsqueeze(-1)
+    base = offsets.float().unsqueeze(-1) + 128 * scale  # the value of code 0
+    return codes.unflatten(-1, (scales.shape[-1], -1)).to(torch.float32).mul_(scale).add_(base).flatten(-2)
 
 
 class Int8Pair:
