@@ -16,7 +16,7 @@ the machine barely moves). Beside it, the memory model's prediction
 
 ``--longest GIB`` measures instead of predicting: per mode, the longest length the
 model lets through under GIB is folded (fresh process) and its measured peak is
-checked against the budget; over it, the length is cut by 5% and folded again.
+checked against the budget; over it, a shorter length is folded (at most 3 retries).
 
     python scripts/bench_long_fold.py --quick            # a few rows, minutes
     python scripts/bench_long_fold.py --out bench.json   # the full table (long: L = 2048 rows)
@@ -41,7 +41,7 @@ MODES = {  # name -> (dtype, chunk, pair_bits)
 }
 LENGTHS = (256, 512, 1024, 2048)
 LONGEST_MODES = ("fp32-c32", "pair8-c16")  # FP32 with a small chunk (its longest predicted but chunk 4) vs int8
-LONGEST_RETRIES = 3  # folds at 5% shorter lengths when the measured peak is over the budget
+LONGEST_RETRIES = 3  # folds at shorter lengths when the measured peak is over the budget
 QUICK = [("real2", "fp32-c64", 256), ("real2", "pair8-c16", 256), ("tiny", "fp32", 256), ("tiny", "pair8-c16", 256)]
 _AA = "ACDEFGHIKLMNPQRSTVWY"
 
@@ -167,19 +167,32 @@ def longest_fitting(model: str, mode: str, budget: int) -> int:
 
 
 def measured_longest(model: str, modes, budget: int, timeout: Optional[float]) -> List[Dict]:
-    """Per mode: fold at the longest length predicted to fit ``budget``; 5% shorter while the measured peak is over."""
-    results = []
-    for mode in modes:
+    """Folds of each mode around the longest length predicted to fit ``budget`` bytes: every attempt a row.
+
+    Over the budget, a retry shrinks the length by the square root of the fold's own memory over what the budget
+    leaves it (that memory grows as L^2), and 2% more. The first mode is the baseline: when it fits, it is also
+    folded 5% longer, so that its measured longest length has a bound on both sides.
+    """
+    rows: List[Dict] = []
+    for index, mode in enumerate(modes):
         predicted = length = longest_fitting(model, mode, budget)
-        for _ in range(LONGEST_RETRIES + 1):
+        attempts: List[Dict] = []
+        while length >= 1 and len(attempts) <= LONGEST_RETRIES:
             row = run_row(model, mode, length, timeout)
             row.update(predicted_longest=predicted, budget_bytes=budget,
                        fits="error" not in row and row["peak_bytes"] <= budget)
-            if row["fits"] or "error" in row:
+            attempts.append(row)
+            fitted = any(r["fits"] for r in attempts)
+            over = any(not r["fits"] for r in attempts)
+            if "error" in row or (fitted and (over or index > 0)):
                 break
-            length = int(length * 0.95)
-        results.append(row)
-    return results
+            if row["fits"]:
+                length = int(length * 1.05) + 1
+            else:
+                own, allowed = row["peak_bytes"] - row["rss_before"], budget - row["rss_before"]
+                length = int(length * 0.98 * max(allowed, 0) ** 0.5 / own ** 0.5)
+        rows += attempts
+    return rows
 
 
 def longest_table(rows: List[Dict]) -> str:
@@ -190,10 +203,22 @@ def longest_table(rows: List[Dict]) -> str:
             f"{r['peak_bytes'] / 2**30:.2f}", f"{r['predicted_bytes'] / 2**30:.2f}", f"{r['seconds']:.0f}")
         out.append(f"| {r['model']} | {r['mode']} | {r['predicted_longest']} | {r['length']} | {measured[0]} | "
                    f"{measured[1]} | {r['budget_bytes'] / 2**30:g} | {'yes' if r['fits'] else 'no'} | {measured[2]} |")
-    fitting = {r["mode"]: r["length"] for r in rows if r["fits"]}
-    if len(fitting) == len(rows) == 2:
-        (base, n0), (other, n1) = fitting.items()
-        out.append(f"\nmeasured to fit: {other} {n1} / {base} {n0} = {n1 / n0:.2f}x")
+    bounds = {}
+    for r in rows:
+        low, high = bounds.get(r["mode"], (0, None))
+        if r["fits"]:
+            low = max(low, r["length"])
+        elif "error" not in r:
+            high = r["length"] if high is None else min(high, r["length"])
+        bounds[r["mode"]] = (low, high)
+    for mode, (low, high) in bounds.items():
+        out.append(f"{mode}: measured to fit at L = {low}" + ("" if high is None else f", over at L = {high}"))
+    if len(bounds) >= 2:
+        (base, (b_low, b_high)), *others = bounds.items()
+        for mode, (low, _) in others:
+            ratio = f"> {low / b_high:.2f}x (over {base}'s shortest length over budget)" if b_high else (
+                f"{low / b_low:.2f}x (no {base} fold over budget measured: not a bound)")
+            out.append(f"{mode} / {base}: {ratio}")
     return "\n".join(out)
 
 
