@@ -10,14 +10,14 @@ ESMFold trunk writes, L = 256, random weights; BENCHMARKS.md "Long sequences"):
   token-wise quantization is the c_z-vector at (i, j).
 * **Groups of :data:`GROUP` channels, asymmetric.** The vectors are near-Gaussian
   (median crest factor 2.75, median |mean| / std 0.06-0.1), so one absmax scale per
-  128-vector is already close to what 8 bits allow (0.63% relative error a rounding);
+  128-vector is already close to what 8 bits allow (0.63% relative error per rounding);
   what helps is a tighter range: 16-channel groups with their own [min, max] range
   (0.38%) beat symmetric 16-channel groups (0.47%), symmetric 8-channel groups (0.39%,
   the same bytes) and one asymmetric range per vector (0.57%). Scale and offset are
   bfloat16 (the offset rounded down, the scale up, so every value stays in range):
   4 bytes per 16 codes, 160 bytes a 128-vector (125% of its int8 codes).
 * **Outlier vectors** (crest factor max/RMS above :data:`OUTLIER_CREST`; a Gaussian
-  vector's is about 2.5-3.5): their other channels lose most of their bits, so they
+  vector's is about 2.5-3.5): the other channels of the peak's group lose most of their bits, so they
   are kept exactly, in float, in a side table (at most :data:`MAX_OUTLIER_FRACTION`
   of the vectors of each written chunk, the highest crest first): LightNobel's
   adaptive per-token precision reduced to two levels, int8 or float.
@@ -41,7 +41,7 @@ GROUP = 16  # channels sharing one scale and offset (when they divide c_z; else 
 _LEVELS = 255  # codes 0..255, stored as int8 minus 128
 _PARAM_DTYPE = torch.bfloat16  # scale and offset of a group (2 bytes each)
 _ROUND_MARGIN = 2.0 ** -7  # > bfloat16's relative rounding error (2^-8): the margin that makes rounding one-sided
-OUTLIER_CREST = 4.0  # a vector is an outlier when max|x| / RMS(x) > 4 (its other values keep < 1/32 of the codes)
+OUTLIER_CREST = 4.0  # a vector is an outlier when max|x| / RMS(x) > 4 (one channel owns its group's range)
 MAX_OUTLIER_FRACTION = 0.01  # at most 1% of a chunk's vectors kept in float
 _TINY = 1e-30
 
