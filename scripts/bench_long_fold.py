@@ -14,8 +14,13 @@ the machine barely moves). Beside it, the memory model's prediction
 (:mod:`ptq_protein.models.fold_memory`). Then, per mode, the longest length whose
 *predicted* peak fits ``--budget-gib``.
 
+``--longest GIB`` measures instead of predicting: per mode, the longest length the
+model lets through under GIB is folded (fresh process) and its measured peak is
+checked against the budget; over it, a shorter length is folded (at most 3 retries).
+
     python scripts/bench_long_fold.py --quick            # a few rows, minutes
     python scripts/bench_long_fold.py --out bench.json   # the full table (long: L = 2048 rows)
+    python scripts/bench_long_fold.py --longest 1.5      # measured longest L under 1.5 GiB, FP32 chunk 32 vs pair int8
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ MODES = {  # name -> (dtype, chunk, pair_bits)
     "pair8-c16": ("float32", 16, 8),
 }
 LENGTHS = (256, 512, 1024, 2048)
+LONGEST_MODES = ("fp32-c32", "pair8-c16")  # FP32 with a small chunk (its longest predicted but chunk 4) vs int8
+LONGEST_RETRIES = 3  # folds at shorter lengths when the measured peak is over the budget
 QUICK = [("real2", "fp32-c64", 256), ("real2", "pair8-c16", 256), ("tiny", "fp32", 256), ("tiny", "pair8-c16", 256)]
 _AA = "ACDEFGHIKLMNPQRSTVWY"
 
@@ -87,14 +94,14 @@ def child(model: str, mode: str, length: int) -> Dict:
         use_pair_int8(net, pair_bits)
     before = _vm("VmRSS")
     start = time.perf_counter()
-    fold_one(net, sequence(length), num_recycles=0)
+    fold_one(net, sequence(length), num_recycles=0, max_memory=1 << 40)  # the row's chunk, whatever the machine has
     seconds = time.perf_counter() - start
     predicted = predict_peak(dims_of(net), FoldPlan(length, 1, chunk, pair_bits))
     return {"model": model, "mode": mode, "length": length, "peak_bytes": _vm("VmHWM"), "rss_before": before,
             "predicted_bytes": predicted, "seconds": seconds, "threads": torch.get_num_threads()}
 
 
-def fidelity(model: str, length: int, num_recycles: int = 0) -> Dict:
+def fidelity(model: str, length: int, num_recycles: int = 0, seed: int = 0) -> Dict:
     """TM-score of the pair-int8 fold against the float fold, the pair state's relative error after each block,
     and the share of pair vectors kept exact (crest factor over the threshold)."""
     import copy
@@ -105,7 +112,7 @@ def fidelity(model: str, length: int, num_recycles: int = 0) -> Dict:
     from ptq_protein.nn.pair_int8 import block as int8_block
     from ptq_protein.nn.pair_int8 import use_pair_int8
 
-    net, seq = build(model), sequence(length)
+    net, seq = build(model), sequence(length, seed)
     float_pairs, int8_pairs, vectors = [], [], [0, 0]
     hooks = [b.register_forward_hook(lambda m, i, o: float_pairs.append(o[1].detach().clone()))
              for b in net.trunk.blocks]
@@ -132,7 +139,7 @@ def fidelity(model: str, length: int, num_recycles: int = 0) -> Dict:
         int8_block.block_forward = trunk_module.block_forward = original
     errors = [float((q - f).norm() / f.norm()) for q, f in zip(int8_pairs, float_pairs)]
     tm = tm_score(as_structure(pdb_q), as_structure(pdb_fp), pairing="number").tm_score
-    return {"model": model, "length": length, "tm_vs_fp": tm, "pair_rel_error_per_block": errors,
+    return {"model": model, "length": length, "seed": seed, "tm_vs_fp": tm, "pair_rel_error_per_block": errors,
             "outlier_share": vectors[0] / max(vectors[1], 1), "note": "random weights: a toolkit check"}
 
 
@@ -157,6 +164,62 @@ def longest_fitting(model: str, mode: str, budget: int) -> int:
     return longest(build(model).to(getattr(torch, dtype)), budget, pair_bits, chunk)
 
 
+def measured_longest(model: str, modes, budget: int, timeout: Optional[float]) -> List[Dict]:
+    """Folds of each mode around the longest length predicted to fit ``budget`` bytes: every attempt a row.
+
+    Over the budget, a retry shrinks the length by the square root of the fold's own memory over what the budget
+    leaves it (that memory grows as L^2), and 2% more. The first mode is the baseline: when it fits, it is also
+    folded 5% longer, so that its measured longest length has a bound on both sides.
+    """
+    rows: List[Dict] = []
+    for index, mode in enumerate(modes):
+        predicted = length = longest_fitting(model, mode, budget)
+        attempts: List[Dict] = []
+        while length >= 1 and len(attempts) <= LONGEST_RETRIES:
+            row = run_row(model, mode, length, timeout)
+            row.update(predicted_longest=predicted, budget_bytes=budget,
+                       fits="error" not in row and row["peak_bytes"] <= budget)
+            attempts.append(row)
+            fitted = any(r["fits"] for r in attempts)
+            over = any(not r["fits"] for r in attempts)
+            if "error" in row or (fitted and (over or index > 0)):
+                break
+            if row["fits"]:
+                length = int(length * 1.05) + 1
+            else:
+                own, allowed = row["peak_bytes"] - row["rss_before"], budget - row["rss_before"]
+                length = int(length * 0.98 * max(allowed, 0) ** 0.5 / own ** 0.5)
+        rows += attempts
+    return rows
+
+
+def longest_table(rows: List[Dict]) -> str:
+    out = ["| model | mode | longest L predicted | L folded | peak GiB measured | predicted | budget GiB | fits "
+           "| time s |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        measured = ("—", "—", r["error"]) if "error" in r else (
+            f"{r['peak_bytes'] / 2**30:.2f}", f"{r['predicted_bytes'] / 2**30:.2f}", f"{r['seconds']:.0f}")
+        out.append(f"| {r['model']} | {r['mode']} | {r['predicted_longest']} | {r['length']} | {measured[0]} | "
+                   f"{measured[1]} | {r['budget_bytes'] / 2**30:g} | {'yes' if r['fits'] else 'no'} | {measured[2]} |")
+    bounds = {}
+    for r in rows:
+        low, high = bounds.get(r["mode"], (0, None))
+        if r["fits"]:
+            low = max(low, r["length"])
+        elif "error" not in r:
+            high = r["length"] if high is None else min(high, r["length"])
+        bounds[r["mode"]] = (low, high)
+    for mode, (low, high) in bounds.items():
+        out.append(f"{mode}: measured to fit at L = {low}" + ("" if high is None else f", over at L = {high}"))
+    if len(bounds) >= 2:
+        (base, (b_low, b_high)), *others = bounds.items()
+        for mode, (low, _) in others:
+            ratio = f"> {low / b_high:.2f}x (over {base}'s shortest length over budget)" if b_high else (
+                f"{low / b_low:.2f}x (no {base} fold over budget measured: not a bound)")
+            out.append(f"{mode} / {base}: {ratio}")
+    return "\n".join(out)
+
+
 def table(rows: List[Dict]) -> str:
     out = ["| model | mode | L | peak GiB (measured) | predicted GiB | error | time s |",
            "|---|---|---|---|---|---|---|"]
@@ -178,16 +241,30 @@ def main(argv=None) -> int:
     p.add_argument("--budget-gib", type=float, default=16.0, help="memory budget for the longest-L column")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per row")
     p.add_argument("--out", help="write the rows as JSON here")
-    p.add_argument("--fidelity", nargs="*", metavar="MODEL:L",
+    p.add_argument("--fidelity", nargs="*", metavar="MODEL:L[:SEED]",
                    help="instead of memory rows: TM-score of pair int8 vs float and per-block pair error")
+    p.add_argument("--longest", type=float, metavar="GIB",
+                   help="instead of the table: fold at the longest L predicted under GIB and measure its peak")
+    p.add_argument("--model", choices=("real2", "tiny"), default="real2", help="model of --longest")
+    p.add_argument("--modes", nargs="+", choices=sorted(MODES), default=list(LONGEST_MODES),
+                   help="modes of --longest")
     args = p.parse_args(argv)
+    if args.longest is not None and args.longest <= 0:
+        p.error(f"--longest {args.longest:g}: give a positive budget in GiB, e.g. --longest 1.5")
     if args.child:
         print(json.dumps(child(args.child[0], args.child[1], int(args.child[2]))))
         return 0
     if args.fidelity is not None:
         for item in args.fidelity or ["tiny:128", "tiny:256", "real2:256"]:
-            name, length = item.split(":")
-            print(json.dumps(fidelity(name, int(length))), flush=True)
+            name, length, *seed = item.split(":")
+            print(json.dumps(fidelity(name, int(length), seed=int(seed[0]) if seed else 0)), flush=True)
+        return 0
+    if args.longest is not None:
+        rows = measured_longest(args.model, args.modes, int(args.longest * 2**30), args.timeout)
+        print(longest_table(rows))
+        if args.out:
+            with open(args.out, "w") as fh:
+                json.dump({"longest": rows, "threads": os.environ.get("OMP_NUM_THREADS")}, fh, indent=1)
         return 0
     if args.rows is not None:
         plan = [(m, mode, int(n)) for m, mode, n in (r.split(":") for r in args.rows)]

@@ -111,3 +111,30 @@ def test_ort_anchor_rows_say_whether_they_saturate():
     assert len(names) == len(bench.ORT_ROWS)
     assert all(re.search(r"\[(exact|SATURATES \(int16 pairs\))\]$", n) for n in names), names
     assert "per-tensor W (ORT's default) [exact]" in names[0]
+
+
+def test_bench_long_fold_longest_brackets_each_modes_measured_longest_length(monkeypatch):
+    # A fake fold whose peak is runtime + c L^2 (the fold's own memory grows as L^2), with the model's prediction
+    # 10% short for FP32 (so its first fold is over the budget) and exact for int8: closed-form lengths to check.
+    bench = _load("bench_long_fold")
+    budget, runtime = 2 ** 30, 2 ** 28
+    per_l2 = {"fp32-c32": 3000.0, "pair8-c16": 600.0}
+    truth = {mode: int(((budget - runtime) / c) ** 0.5) for mode, c in per_l2.items()}  # longest that fits
+    predicted = {"fp32-c32": int(truth["fp32-c32"] * 1.1), "pair8-c16": truth["pair8-c16"]}
+    monkeypatch.setattr(bench, "longest_fitting", lambda model, mode, b: predicted[mode])
+
+    def fold(model, mode, length, timeout):
+        peak = int(runtime + per_l2[mode] * length ** 2)
+        return {"model": model, "mode": mode, "length": length, "peak_bytes": peak, "rss_before": runtime,
+                "predicted_bytes": peak, "seconds": 1.0}
+
+    monkeypatch.setattr(bench, "run_row", fold)
+    rows = bench.measured_longest("real2", ["fp32-c32", "pair8-c16"], budget, None)
+    fp32 = [r for r in rows if r["mode"] == "fp32-c32"]
+    assert not fp32[0]["fits"] and fp32[0]["length"] == predicted["fp32-c32"]
+    assert any(r["fits"] for r in fp32) and all(r["fits"] == (r["length"] <= truth[r["mode"]]) for r in rows)
+    assert [r["length"] for r in rows if r["mode"] == "pair8-c16"] == [truth["pair8-c16"]]  # fits: no retry
+    text = bench.longest_table(rows)
+    fitted = max(r["length"] for r in fp32 if r["fits"])
+    assert f"fp32-c32: measured to fit at L = {fitted}, over at L = {predicted['fp32-c32']}" in text
+    assert f"> {truth['pair8-c16'] / predicted['fp32-c32']:.2f}x" in text

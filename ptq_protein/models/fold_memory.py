@@ -16,11 +16,12 @@ chunk size (query rows a time; unchunked: ``k = L``, the cubic term)::
     stem   = N_STEM_ATT B H_stem (L+2)^2 b     one ESM-2 layer's attention maps
 
     int8 pairs (ptq_protein.nn.pair_int8; r = PAIR_INT8_ROWS rows a chunk)
-    trunk  = N_PAIR_INT8 B L^2 (c_z + 4)       int8 codes + a float32 scale per c_z-vector:
-                                               the state, the next state, the triangle projections a and b
+    trunk  = N_PAIR_INT8 B L^2 v(c_z)          v(c_z) = c_z int8 codes + a bfloat16 scale and offset per
+                                               group of 16 channels (pair_int8_vector_bytes): the state,
+                                               the next state, the triangle projections a and b
            + N_CHUNK_ROWS B r L c_z b          float row chunks of one operation
            + N_TRI_ATT B H_pair L^2 min(k, L) b + B L^2 (H_pair b + BINS_INDEX_BYTES)
-    struct = N_SM_INT8 B L^2 (c_z + 4) + B r L ipa_values b    the trunk's int8 state (read through
+    struct = N_SM_INT8 B L^2 v(c_z) + B r L ipa_values b    the trunk's int8 state (read through
                                                trunk2sm_z) and one query-row chunk of its point attention
 
 The counts ``N_*`` were fitted to peak RSS measured on a real-width ESMFold trunk
@@ -37,11 +38,14 @@ from typing import Optional, Sequence
 
 from torch import nn
 
-__all__ = ["FoldDims", "FoldPlan", "dims_of", "predict_peak", "choose_plan", "CHUNK_CHOICES", "RUNTIME_BYTES"]
+__all__ = ["FoldDims", "FoldPlan", "dims_of", "predict_peak", "choose_plan", "CHUNK_CHOICES", "RUNTIME_BYTES",
+           "pair_int8_vector_bytes"]
 
 RUNTIME_BYTES = 465 * 2 ** 20  # measured: Python + torch + transformers + the toolkit, before any model
 CHUNK_CHOICES = (None, 512, 256, 128, 64, 32, 16, 8, 4)  # tried largest first (None: unchunked, the fastest)
 PAIR_INT8_ROWS = 64  # rows a chunk of the int8 pair operations (ptq_protein.nn.pair_int8.trunk.ROWS)
+PAIR_INT8_GROUP = 16  # channels sharing a scale and offset (ptq_protein.nn.pair_int8.holder.GROUP)
+PAIR_INT8_GROUP_BYTES = 4  # a bfloat16 scale and a bfloat16 offset per group
 # Fitted counts (see the module docstring): tensors alive at each phase's peak.
 N_PAIR = 9.5  # float pair-sized tensors: recycling inputs, the state, its update, LayerNorm, a, b, gate
 N_SEQ_ATT = 4.0  # [H_seq, L, L] maps of the sequence attention (bias, permuted bias, logits, softmax)
@@ -109,11 +113,18 @@ def predict_peak(dims: FoldDims, plan: FoldPlan) -> int:
                   N_HEAD_PAIR * area * dims.c_z * b + N_BINS * area * dims.bins * b]
     else:
         chunk = batch * min(PAIR_INT8_ROWS, n) * n * b
-        phases = [N_PAIR_INT8 * area * (dims.c_z + 4) + N_CHUNK_ROWS * chunk * dims.c_z + tri_att
+        vector = pair_int8_vector_bytes(dims.c_z)
+        phases = [N_PAIR_INT8 * area * vector + N_CHUNK_ROWS * chunk * dims.c_z + tri_att
                   + area * (dims.pair_heads * b + BINS_INDEX_BYTES),
-                  N_SM_INT8 * area * (dims.c_z + 4) + chunk * dims.ipa_values]
+                  N_SM_INT8 * area * vector + chunk * dims.ipa_values]
     phases.append(N_STEM_ATT * batch * dims.stem_heads * (n + 2) ** 2 * b)
     return int(RUNTIME_BYTES + dims.weight_bytes + max(phases))
+
+
+def pair_int8_vector_bytes(c_z: int) -> int:
+    """Bytes of one c_z-vector of an int8 pair tensor: codes + each channel group's scale and offset."""
+    groups = c_z // PAIR_INT8_GROUP if c_z % PAIR_INT8_GROUP == 0 else 1
+    return c_z + PAIR_INT8_GROUP_BYTES * groups
 
 
 def choose_plan(dims: FoldDims, length: int, budget: int, *, batch: int = 1, pair_bits: Optional[int] = None,

@@ -3,6 +3,7 @@
 import logging
 
 import pytest
+import torch
 
 from ptq_protein.cli.common import parse_memory_size
 from ptq_protein.cli.main import main
@@ -14,6 +15,7 @@ from ptq_protein.models.fold_memory import (
     FoldPlan,
     choose_plan,
     dims_of,
+    pair_int8_vector_bytes,
     predict_peak,
 )
 
@@ -45,10 +47,15 @@ def test_choose_plan_takes_the_largest_chunk_that_fits_or_none():
     assert choose_plan(REAL, n, 1 << 20) is None
 
 
-def test_the_int8_row_chunk_is_the_runtimes():
+def test_the_int8_row_chunk_and_vector_bytes_are_the_runtimes():
+    from ptq_protein.nn.pair_int8.holder import Int8Pair
     from ptq_protein.nn.pair_int8.trunk import ROWS
 
     assert PAIR_INT8_ROWS == ROWS
+    for c_z in (128, 32, 20):  # 20: not a multiple of the group, one scale and offset per vector
+        pair = Int8Pair(1, 3, c_z, torch.float32)
+        assert pair.nbytes == 9 * pair_int8_vector_bytes(c_z)
+    assert pair_int8_vector_bytes(128) == 128 + 8 * 4 and pair_int8_vector_bytes(20) == 20 + 4
 
 
 def test_dims_are_read_from_the_model(esmfold):
