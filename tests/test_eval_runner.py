@@ -308,3 +308,20 @@ def test_recipes_of_one_run_share_calibration_passes_and_give_the_rows_of_separa
             other = together[(row["recipe"], row["target"])]
             assert {k: v for k, v in row.items() if k != "seconds"} == \
                 {k: v for k, v in other.items() if k != "seconds"}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_fold_one_writes_the_pdb_of_a_half_precision_model(tiny_esmfold, dtype):
+    """transformers' PDB writer goes through numpy, which has no bfloat16: the fold still writes its PDB,
+    and the PDB's CA coordinates are the returned ones (to the PDB's 3 decimals)."""
+    import copy
+
+    import torch
+
+    from ptq_protein.eval.bench.folding import fold_one
+
+    model = copy.deepcopy(tiny_esmfold).to(getattr(torch, dtype))
+    pdb, plddt, ca = fold_one(model, "MKTAYIAKQRQISFVKSHFSRQ", num_recycles=0)
+    native = load_structure(pdb)
+    assert len(native) == 22 and 0.0 <= plddt <= 100.0
+    np.testing.assert_allclose(native.ca, ca.double().numpy(), atol=1e-3)

@@ -39,7 +39,8 @@ def fold_one(model: nn.Module, sequence: str, num_recycles: Optional[int] = None
     adapter = HFEsmFoldAdapter(model)
     with planned_fold(model, len(sequence), max_memory):
         output = adapter.forward(model, adapter.make_batch([sequence]), num_recycles=num_recycles)
-    output = {k: v for k, v in output.items() if torch.is_tensor(v)}
+    # float32 for the PDB writer: transformers converts through numpy, which has no bfloat16
+    output = {k: v.float() if v.is_floating_point() else v for k, v in output.items() if torch.is_tensor(v)}
     plddt = output["plddt"]
     if float(plddt.max()) <= 1.0:  # transformers reports pLDDT in [0, 1]; PDB convention is 0-100
         output["plddt"] = plddt * 100.0
