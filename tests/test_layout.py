@@ -28,13 +28,13 @@ def _source_root(pkg: str) -> Path:
 
 def _modules() -> Dict[str, Path]:
     found: Dict[str, Path] = {}
-    for pkg in ("ptq_protein", "ptq_protein.kernels", "ptq_protein.eval"):
+    for pkg in ("ptq_protein", "ptq_protein.eval"):
         root = _source_root(pkg)
         for path in root.rglob("*.py"):
             rel = path.relative_to(root).with_suffix("")
             parts = [p for p in rel.parts if p != "__init__"]
             name = ".".join([pkg, *parts])
-            if pkg == "ptq_protein" and parts[:1] in (["kernels"], ["eval"]):
+            if pkg == "ptq_protein" and parts[:1] == ["eval"]:
                 continue  # not in this folder in a source checkout; installed trees are covered by their own root
             found[name] = path
     return found
