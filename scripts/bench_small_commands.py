@@ -75,8 +75,10 @@ def extract_baseline(commit: str, scratch: Path) -> None:
     target.mkdir()
     archive = subprocess.run(["git", "-C", str(REPO), "archive", commit], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
-    for name, folder in LINKED.items():
-        (target / "ptq_protein" / name).symlink_to(target / folder)
+    for name, folder in LINKED.items():  # older commits kept some package folders at the top level
+        link = target / "ptq_protein" / name
+        if (target / folder).is_dir() and not link.exists():
+            link.symlink_to(target / folder)
 
 
 def main(argv: Optional[list] = None) -> int:

@@ -85,6 +85,8 @@ def artifact_digest(qmodel: torch.nn.Module) -> str:
         digest.update((out / "report.json").read_bytes())
         recipe = json.loads((out / "recipe.json").read_text())
         recipe.pop("versions"), recipe.pop("files")
+        # transformers stamps its own version into the saved model config: a version, not the artifact's content
+        (recipe.get("architecture") or {}).get("config", {}).pop("transformers_version", None)
         digest.update(json.dumps(recipe, sort_keys=True).encode())
     return digest.hexdigest()
 
