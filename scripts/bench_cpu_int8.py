@@ -30,11 +30,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import json
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
@@ -43,10 +40,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_cpu_anchors as anchor  # noqa: E402  (sibling script: the existing engines)
+from bench_cpu_int8_memory import print_memory  # noqa: E402  (sibling script: the resident-memory rows)
 from bench_quantize import (  # noqa: E402  (sibling script: shared model, sequences and table helpers)
     FULL_SHAPE,
     QUICK_SHAPE,
-    ModelShape,
     build_esm2,
     command_line,
     environment_line,
@@ -54,9 +51,7 @@ from bench_quantize import (  # noqa: E402  (sibling script: shared model, seque
     random_sequences,
 )
 
-GOAL_MEMORY = 0.4
 INT_PRESETS = ("w8a8-uniform", "w8a8-pwlq", "w8a8-pwlq-int")
-MEMORY_SHAPE = ModelShape(num_layers=30, embed_dim=640, heads=20, seq_len=64)  # ESM-2 150M
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
 
 
@@ -254,56 +249,6 @@ def tail_table(big, big_tokens, label: str, exact_knots: bool = False) -> List[l
 # --- memory (fresh processes) ------------------------------------------------------
 
 
-def _rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
-
-
-def memory_child(kind: str, shape: ModelShape, artifact: str) -> Dict[str, float]:
-    """RSS growth (MiB) of one loaded model after one forward, over the RSS after imports."""
-    import esm  # noqa: F401  (everything either side imports comes before the baseline)
-
-    import ptq_protein as pp
-    import ptq_protein.api  # noqa: F401
-    import ptq_protein.artifact  # noqa: F401
-    from ptq_protein.models.adapters import get_adapter
-    from ptq_protein.nn import cpu_int8, int_fast  # noqa: F401
-
-    cpu_int8.available()  # oneDNN's one-off initialisation
-    base = _rss_mib()
-    if kind == "fp":
-        model = build_esm2(shape)[0]
-    else:
-        model = pp.load(artifact)
-    tokens = get_adapter(model).make_batch(random_sequences(1, 32, seed=3)).inputs["tokens"]
-    with torch.no_grad():
-        model(tokens)
-    rss = _rss_mib() - base  # before state_dict(), which unpacks the prepacked weights
-    linear_bytes = sum(b.numel() * b.element_size() for n, b in model.state_dict().items() if "weight" in n)
-    return {"rss_mib": rss, "state_dict_weight_mib": linear_bytes / 2**20,
-            "engine": pp.engine_used(model) if kind != "fp" else None}
-
-
-def bench_memory(threads: int, quick: bool) -> Dict[str, dict]:
-    import ptq_protein as pp
-
-    shape = QUICK_SHAPE if quick else MEMORY_SHAPE
-    with tempfile.TemporaryDirectory(prefix="bench_cpu_int8_") as tmp:
-        model = build_esm2(shape)[0]
-        q = pp.quantize(model, "w8a8-pwlq", calibration=random_sequences(2, 32, seed=4), backend="int8")
-        pp.save(q, Path(tmp) / "w8a8-pwlq")
-        del model, q
-        out = {}
-        for kind in ("fp", "int8"):
-            cmd = [sys.executable, __file__, "--memory-child", kind, str(Path(tmp) / "w8a8-pwlq"),
-                   "--threads", str(threads)] + (["--quick"] if quick else [])
-            out[kind] = json.loads(subprocess.run(cmd, check=True, capture_output=True,
-                                                  text=True).stdout.splitlines()[-1])
-    return out
-
-
 # --- tables ------------------------------------------------------------------------------
 
 
@@ -350,18 +295,6 @@ def _met(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
 
-def print_memory(threads: int, quick: bool) -> None:
-    mem = bench_memory(threads, quick)
-    ratio = mem["int8"]["rss_mib"] / mem["fp"]["rss_mib"]
-    label = "2 x 64 tiny" if quick else "ESM-2 150M-sized (30 x 640)"
-    print(f"## Resident memory, {label}, loaded w8a8-pwlq artifact vs FP (after one forward)\n")
-    print(markdown_table(["model", "RSS growth MiB", "weights in state_dict MiB", "engine"],
-                         [[k, round(v["rss_mib"], 1), round(v["state_dict_weight_mib"], 1), v["engine"] or "-"]
-                          for k, v in mem.items()]))
-    met = "met" if ratio <= GOAL_MEMORY else "NOT met"
-    print(f"\nint8 / FP resident: {ratio:.2f}x (goal <= {GOAL_MEMORY}x: {met})")
-
-
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny 2 x 64 model, length 32 (smoke test)")
@@ -378,7 +311,6 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--exact-knots", action="store_true",
                         help="also time w8a8-pwlq int8 with plans that take only exactly stored knots (as before)")
     parser.add_argument("--memory-only", action="store_true", help="only the 150M memory subprocesses")
-    parser.add_argument("--memory-child", nargs=2, metavar=("KIND", "ARTIFACT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if min(args.threads, args.reps, args.calib_seqs, args.batch_size) < 1:
         parser.error("--threads, --reps, --calib-seqs and --batch-size must be >= 1")
@@ -389,10 +321,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.memory_child:
-        kind, artifact = args.memory_child
-        print(json.dumps(memory_child(kind, QUICK_SHAPE if args.quick else MEMORY_SHAPE, artifact)))
-        return 0
     if args.memory_only:
         print(f"`{command_line(argv, __file__)}`\n\n{environment_line(args.threads)}\n\n{cpu_facts()}\n")
         print_memory(args.threads, args.quick)

@@ -29,19 +29,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import random
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Sequence
 from unittest import mock
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import (  # noqa: E402  (sibling module; re-exported for the other bench scripts)
+    FULL_SHAPE,
+    QUICK_SHAPE,
+    ModelShape,
+    build_esm2,
+    command_line,
+    environment_line,
+    markdown_table,
+    random_sequences,
+)
 
 # Goals of issue 2.
 GOAL_CALIBRATION = 1.25  # calibration time / FP forward time over the same batches
@@ -49,65 +57,6 @@ GOAL_FORWARD = {"w8a8-uniform": 1.3, "w8a8-pwlq": 1.5}  # fake-quant forward / F
 GOAL_MEMORY_GROWTH = 0.05  # peak RSS growth from MEMORY_SIZES[0] to MEMORY_SIZES[1] calibration sequences
 PRESETS = ("w8a8-uniform", "w8a8-pwlq")
 MEMORY_SIZES = (10, 200)
-AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """fair-esm ESM2 constructor arguments and the benchmark sequence length."""
-
-    num_layers: int
-    embed_dim: int
-    heads: int
-    seq_len: int
-
-    def __post_init__(self) -> None:
-        if self.embed_dim % self.heads:
-            raise ValueError(f"embed_dim={self.embed_dim} must be divisible by heads={self.heads}")
-        if not 1 <= self.seq_len <= 1022:
-            raise ValueError(f"seq_len={self.seq_len} must be in 1..1022 (ESM-2's limit)")
-
-    def describe(self) -> str:
-        return f"ESM-2 {self.num_layers} layers x {self.embed_dim}, {self.heads} heads, length {self.seq_len}"
-
-
-FULL_SHAPE = ModelShape(num_layers=12, embed_dim=480, heads=20, seq_len=256)
-QUICK_SHAPE = ModelShape(num_layers=2, embed_dim=64, heads=4, seq_len=32)
-
-
-# --- shared helpers (also used by bench_artifact_size.py) ----------------------
-
-
-def build_esm2(shape: ModelShape, seed: int = 0):
-    """Seeded random fair-esm ESM2 with the demo outlier channels, in eval mode; (model, alphabet)."""
-    from ptq_protein.models.tiny import tiny_esm2
-
-    return tiny_esm2(seed, num_layers=shape.num_layers, embed_dim=shape.embed_dim, heads=shape.heads)
-
-
-def random_sequences(count: int, length: int, seed: int) -> List[str]:
-    """``count`` random sequences of the 20 standard amino acids, ``length`` residues each."""
-    rng = random.Random(seed)
-    return ["".join(rng.choice(AMINO_ACIDS) for _ in range(length)) for _ in range(count)]
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A markdown table; floats get 3 significant digits."""
-    def cell(value: object) -> str:
-        return f"{value:.3g}" if isinstance(value, float) else str(value)
-
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def environment_line(threads: int) -> str:
-    return (f"torch {torch.__version__}, python {platform.python_version()}, {os.cpu_count()} CPUs, "
-            f"torch.set_num_threads({threads})")
-
-
-def command_line(argv: Sequence[str], script: str) -> str:
-    return "python scripts/" + Path(script).name + "".join(f" {a}" for a in argv)
 
 
 # --- timing --------------------------------------------------------------------

@@ -1,0 +1,69 @@
+"""What the CPU bench scripts share: the seeded ESM-2 shapes, random sequences, and the table and header lines."""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Sequence
+
+import torch
+
+AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """fair-esm ESM2 constructor arguments and the benchmark sequence length."""
+
+    num_layers: int
+    embed_dim: int
+    heads: int
+    seq_len: int
+
+    def __post_init__(self) -> None:
+        if self.embed_dim % self.heads:
+            raise ValueError(f"embed_dim={self.embed_dim} must be divisible by heads={self.heads}")
+        if not 1 <= self.seq_len <= 1022:
+            raise ValueError(f"seq_len={self.seq_len} must be in 1..1022 (ESM-2's limit)")
+
+    def describe(self) -> str:
+        return f"ESM-2 {self.num_layers} layers x {self.embed_dim}, {self.heads} heads, length {self.seq_len}"
+
+
+FULL_SHAPE = ModelShape(num_layers=12, embed_dim=480, heads=20, seq_len=256)
+QUICK_SHAPE = ModelShape(num_layers=2, embed_dim=64, heads=4, seq_len=32)
+
+
+def build_esm2(shape: ModelShape, seed: int = 0):
+    """Seeded random fair-esm ESM2 with the demo outlier channels, in eval mode; (model, alphabet)."""
+    from ptq_protein.models.tiny import tiny_esm2
+
+    return tiny_esm2(seed, num_layers=shape.num_layers, embed_dim=shape.embed_dim, heads=shape.heads)
+
+
+def random_sequences(count: int, length: int, seed: int) -> List[str]:
+    """``count`` random sequences of the 20 standard amino acids, ``length`` residues each."""
+    rng = random.Random(seed)
+    return ["".join(rng.choice(AMINO_ACIDS) for _ in range(length)) for _ in range(count)]
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A markdown table; floats get 3 significant digits."""
+    def cell(value: object) -> str:
+        return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def environment_line(threads: int) -> str:
+    return (f"torch {torch.__version__}, python {platform.python_version()}, {os.cpu_count()} CPUs, "
+            f"torch.set_num_threads({threads})")
+
+
+def command_line(argv: Sequence[str], script: str) -> str:
+    return "python scripts/" + Path(script).name + "".join(f" {a}" for a in argv)
