@@ -12,27 +12,37 @@ from ptq_protein.nn.modules import QuantLinear
 
 
 def _codes_by_site(model, run):
-    """Input codes of every quantized Linear during one forward (as the site's quantizer encodes them)."""
-    codes, handles = {}, []
+    """Input and codes of every quantized Linear during one forward, in forward order."""
+    seen, handles = {}, []
     for name, module in model.named_modules():
         if isinstance(module, QuantLinear) and module.input_quant is not None:
             def hook(mod, args, name=name):
-                codes.setdefault(name, mod.input_quant.encode(args[0].reshape(-1, args[0].shape[-1]))[0])
+                x = args[0].reshape(-1, args[0].shape[-1])
+                seen.setdefault(name, (x.detach().clone(), mod.input_quant.encode(x)[0]))
             handles.append(module.register_forward_pre_hook(hook))
     try:
         out = run(model)
     finally:
         for h in handles:
             h.remove()
-    return out, codes
+    return out, seen
 
 
 def _compare(fake, real, run):
-    out_f, codes_f = _codes_by_site(fake, run)
-    out_i, codes_i = _codes_by_site(real, run)
-    differ = sum(int((codes_f[k] != codes_i[k]).sum()) for k in codes_f)
-    total = sum(codes_f[k].numel() for k in codes_f)
-    return out_f, out_i, differ / total
+    """Both outputs, the share of codes that differ, and the first site (forward order) whose codes differ:
+    ``(name, codes differing there, largest input difference there relative to the input's range)``."""
+    out_f, seen_f = _codes_by_site(fake, run)
+    out_i, seen_i = _codes_by_site(real, run)
+    differ = {k: int((seen_f[k][1] != seen_i[k][1]).sum()) for k in seen_f}
+    first = next(((k, n, float((seen_f[k][0] - seen_i[k][0]).abs().max() / seen_f[k][0].abs().max()))
+                  for k, n in differ.items() if n), None)
+    return out_f, out_i, sum(differ.values()) / sum(v[1].numel() for v in seen_f.values()), first
+
+
+def _flip_is_a_tie(first) -> bool:
+    """The first codes to differ come from inputs equal up to float32 rounding (a value at a rounding tie of
+    the quantizer), not from an integer GEMM: a few codes, inputs within 1e-6 of the range."""
+    return first is None or (first[1] <= 4 and first[2] <= 1e-6)
 
 
 @pytest.mark.parametrize("preset", ["w8a8-uniform", "w8a8-pwlq", "w4a8-pwlq", "w8a8-dynamic"])
@@ -44,11 +54,14 @@ def test_esm2_int8_matches_fake(esm2, seqs, preset, int_engine):
         fused = real(tokens)["logits"]
         # the same attention arithmetic as fake, so codes may differ only through the integer GEMMs (the fused
         # attention of integer models rounds differently and may flip codes at ties: tests/models/test_fused_float.py)
-        out_f, out_i, frac = _compare(fake, use_fused(real, False), lambda m: m(tokens)["logits"])
-    print(preset, "relative error", relative_error(out_f, out_i), relative_error(out_f, fused), "codes differing", frac)
+        out_f, out_i, frac, first = _compare(fake, use_fused(real, False), lambda m: m(tokens)["logits"])
+    print(preset, "relative error", relative_error(out_f, out_i), relative_error(out_f, fused), "codes differing", frac,
+          "first", first)
     assert relative_error(out_f, out_i) <= 1e-3
     assert relative_error(out_f, fused) <= 1e-3
-    assert frac < 1e-3
+    # one code at a float32 rounding tie may flip (then later sites follow it: 0.12% of the codes with ONNX
+    # Runtime's GEMMs on w8a8-pwlq); anything else is an integer error
+    assert _flip_is_a_tie(first) and frac < 1e-2
 
 
 def use_fused(model, enabled):
@@ -74,7 +87,7 @@ def test_esmfold_int8_matches_fake(esmfold, seqs):
     adapter = get_adapter(esmfold)
     batch = adapter.make_batch([seqs[1][:12]])
     with torch.no_grad():
-        out_f, out_i, frac = _compare(fake, real, lambda m: adapter.forward(m, batch, num_recycles=0)["positions"])
+        out_f, out_i, frac, _ = _compare(fake, real, lambda m: adapter.forward(m, batch, num_recycles=0)["positions"])
     print("esmfold relative error", relative_error(out_f, out_i), "codes differing", frac)
     # Each site agrees to ~2e-7 (below), but ESMFold's random trunk is chaotic: one code flipped by that
     # rounding (Triton's epilogue vs torch's) moves every later site. Measured under TRITON_INTERPRET:
