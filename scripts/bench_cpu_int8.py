@@ -96,7 +96,7 @@ def build_models(model, seqs: Sequence[str], presets: Sequence[str], reference: 
         fast = pp.quantize(model, preset, calibration=list(seqs), backend="int8")
         models[f"{preset}, fake"] = fake_twin(fast)
         models[f"{preset}, int8"] = fast
-        if preset == "w8a8-uniform" and cpu_int8.mode() == "mlas":  # the same run on the engine it replaces
+        if preset == "w8a8-uniform" and cpu_int8.mode() == "mlas" and cpu_int8._one_thread():  # the engine it replaces
             models[f"{preset}, int8, oneDNN split"] = split_twin(fast, tokens)
         if "pwlq" in preset and cpu_int8.available():
             models[f"{preset}, int8, engine onednn (exact)"] = pp.set_engine(copy.deepcopy(fast), "onednn")

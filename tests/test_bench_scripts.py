@@ -104,7 +104,7 @@ def test_ort_anchor_rows_say_whether_they_saturate():
     assert anchors.ort_exact("u8", per_channel=True, reduce_range=False)
     from ptq_protein.nn import cpu_int8
 
-    if cpu_int8.mode() in ("split", "mlas"):  # no VNNI: ORT's u8 x s8 pairs saturate like oneDNN's, and the probe says so
+    if cpu_int8.mode() in ("split", "mlas"):  # no VNNI: ORT u8 x s8 pairs saturate as oneDNN's do; the probe says so
         assert not anchors.ort_exact("s8", per_channel=False, reduce_range=False)
     bench = _load("bench_cpu_int8")
     names = [name for name, _ in bench.ort_builders(None, None, 1)]

@@ -24,10 +24,11 @@ process; then every GEMM runs exactly, with the recipe unchanged and the integer
 accumulators identical to the reference's, on
 
 * ONNX Runtime's u8 x u8 GEMM (MLAS widens to int16 first: exact) when
-  onnxruntime is installed (mode ``"mlas"``, :mod:`ptq_protein.nn.cpu_int8_mlas`;
-  the weight is kept as u8 codes, one copy); measured 15-20% faster than the
-  split oneDNN GEMMs on this class of CPU;
-* else oneDNN on saturation-free operands (mode ``"split"``,
+  onnxruntime is installed and PyTorch runs one thread (mode ``"mlas"``,
+  :mod:`ptq_protein.nn.cpu_int8_mlas`; the weight is kept as u8 codes, one
+  copy); measured 5-13% less forward time than the split oneDNN GEMMs on one
+  thread, and slower on two (:func:`_one_thread`);
+* else (more threads, or no onnxruntime) oneDNN on saturation-free operands (mode ``"split"``,
   :mod:`ptq_protein.nn.cpu_int8_split`: one GEMM on a shifted window of codes,
   plus a column correction or a second GEMM for the codes outside it). The zero
   point is not handed to oneDNN there: its zero-point kernel is exact but about
@@ -93,7 +94,8 @@ def _probe() -> Tuple[Optional[str], str]:
             return "native", f"oneDNN int8 GEMM exact on this CPU ({torch.backends.cpu.get_cpu_capability()})"
         saturates = "oneDNN's u8 x s8 int8 GEMM saturates at int16 on this CPU (no VNNI: 255 x 127 pairs)"
         if mlas.available():
-            return "mlas", f"{saturates}; each GEMM runs on ONNX Runtime's exact u8 x u8 GEMM (MLAS)"
+            return "mlas", (f"{saturates}; each GEMM runs on ONNX Runtime's exact u8 x u8 GEMM (MLAS) on one "
+                            f"thread, on saturation-free oneDNN operands (the same integers) on more")
         if all(_exact(a, w, split=True) for a, w in cases):
             return "split", (f"{saturates}; each GEMM runs on saturation-free operands (the same integers; "
                              f"faster with onnxruntime: {mlas.reason()})")
@@ -120,19 +122,27 @@ def _exact(a: torch.Tensor, w: torch.Tensor, split: bool) -> bool:
 
 def prepack(codes: torch.Tensor, w_scale: torch.Tensor, engine: Optional[str] = None) -> Packed:
     """Prepack int8 weight codes ``[N, K]`` (symmetric, zero point 0) with scales ``[N]`` (or one), for
-    ``engine`` ("onednn" or "onnxruntime"); by default the one this CPU's mode runs (:func:`mode`; reductions
-    longer than ``cpu_int8_mlas.MAX_K`` stay on oneDNN)."""
+    ``engine`` ("onednn" or "onnxruntime"); by default the one this CPU's mode runs (:func:`mode`; in mode
+    "mlas" oneDNN still takes reductions longer than ``cpu_int8_mlas.MAX_K`` and processes running more than
+    one thread, :func:`_one_thread`). The choice is made once, at prepacking (a module's first forward)."""
     n, k = codes.shape
     codes = codes.to(torch.int8).contiguous()
     scale = w_scale.reshape(-1).to(torch.float32).expand(n).contiguous()
     colsum = codes.sum(dim=1, dtype=torch.int32).to(torch.float32)
     if engine is None:
-        engine = "onnxruntime" if mode() == "mlas" and k <= mlas.MAX_K else ENGINE_NAME
+        engine = "onnxruntime" if mode() == "mlas" and k <= mlas.MAX_K and _one_thread() else ENGINE_NAME
     if engine == "onnxruntime":
         weight = mlas.to_u8(codes.t())
     else:
         weight = torch.ops.onednn.qlinear_prepack(codes, None)
     return Packed(weight, scale, torch.zeros(n, dtype=torch.int64), colsum, k, {}, engine)
+
+
+def _one_thread() -> bool:
+    """ONNX Runtime's GEMM is taken for processes running one intra-op thread. With more, its worker threads and
+    PyTorch's OpenMP threads (which spin between operations) contend for the cores: measured on 2 threads,
+    w8a8-uniform at 0.91x FP32 against 0.71x on oneDNN's split engine (1 thread: 0.59x against 0.67x)."""
+    return torch.get_num_threads() == 1
 
 
 def engine_of(packed: Packed) -> str:

@@ -46,7 +46,7 @@ def fast_label():
     forcing one."""
     from ptq_protein.nn import cpu_int8
 
-    return lambda: "onnxruntime" if cpu_int8.mode() == "mlas" else "onednn"
+    return lambda: "onnxruntime" if cpu_int8.mode() == "mlas" and cpu_int8._one_thread() else "onednn"
 
 
 @pytest.fixture(params=["auto", "split", "mlas"])
@@ -59,4 +59,6 @@ def engine_mode(request, monkeypatch):
         pytest.skip(cpu_int8_mlas.reason())
     if request.param != "auto":
         monkeypatch.setattr(cpu_int8, "mode", lambda: request.param)
+    if request.param == "mlas":  # taken by processes running one thread (cpu_int8._one_thread)
+        monkeypatch.setattr(cpu_int8, "_one_thread", lambda: True)
     return request.param

@@ -336,6 +336,7 @@ def test_saturating_cpu_runs_pwlq_as_float_and_uniform_exact(padded_tokens, monk
         pytest.skip(cpu_int8_mlas.reason())
     model, seqs, tokens = padded_tokens
     monkeypatch.setattr(cpu_int8, "mode", lambda: mode)
+    monkeypatch.setattr(cpu_int8, "_one_thread", lambda: True)
     pwlq = pp.quantize(model, "w8a8-pwlq", calibration=seqs, backend="int8")
     _, lines = _int8_forward_warnings(pwlq, tokens)
     assert len(lines) == 1 and "PWLQ's exact int8 GEMMs" in lines[0] and engine_used(pwlq) == "float"

@@ -75,6 +75,7 @@ def test_long_reductions_stay_on_onednn(monkeypatch):
     if cpu_int8.mode() is None:
         pytest.skip(cpu_int8.reason())
     monkeypatch.setattr(cpu_int8, "mode", lambda: "mlas")
+    monkeypatch.setattr(cpu_int8, "_one_thread", lambda: True)
     k = cpu_int8_mlas.MAX_K + 1
     # saturating pairs (127 x 127) whose sum stays exact in float32 (alternating signs: below 2^24)
     a = torch.full((2, k), 127, dtype=torch.int8)
@@ -91,6 +92,7 @@ def test_long_reductions_stay_on_onednn(monkeypatch):
 
 def test_weight_is_one_u8_copy_and_unpacks_to_the_codes(monkeypatch):
     monkeypatch.setattr(cpu_int8, "mode", lambda: "mlas")
+    monkeypatch.setattr(cpu_int8, "_one_thread", lambda: True)
     gen = torch.Generator().manual_seed(5)
     w = _codes(17, 41, gen, -127)
     packed = cpu_int8.prepack(w, torch.ones(17))
@@ -107,3 +109,23 @@ def test_probe_without_onnxruntime_falls_back_to_split(monkeypatch):
         assert mode == "native"
     else:
         assert mode == "split" and "onnxruntime is not installed" in why
+
+
+def test_more_threads_keep_onednn(monkeypatch):
+    """ONNX Runtime's GEMM is chosen, at prepacking, for one-thread processes only (its workers and PyTorch's
+    OpenMP threads contend for the cores otherwise)."""
+    if cpu_int8.mode() is None:
+        pytest.skip(cpu_int8.reason())
+    monkeypatch.setattr(cpu_int8, "mode", lambda: "mlas")
+    w = _codes(5, 24, torch.Generator().manual_seed(6), -127)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = cpu_int8.prepack(w, torch.ones(5))
+        torch.set_num_threads(2)
+        two = cpu_int8.prepack(w, torch.ones(5))
+    finally:
+        torch.set_num_threads(threads)
+    assert (cpu_int8.engine_of(one), cpu_int8.engine_of(two)) == ("onnxruntime", "onednn")
+    a = _codes(3, 24, torch.Generator().manual_seed(7))
+    assert torch.equal(cpu_int8.accumulators(a, one), cpu_int8.accumulators(a, two))
