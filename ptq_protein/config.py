@@ -108,7 +108,7 @@ class Engine(str, enum.Enum):
     """Which integer GEMM ``backend="int8"`` runs (a run-time choice, not part of a recipe)."""
 
     AUTO = "auto"  # oneDNN for CPU sites it handles, else the reference
-    ONEDNN = "onednn"  # the CPU fast path (ptq_protein.nn.cpu_int8: oneDNN, or ONNX Runtime where oneDNN saturates)
+    ONEDNN = "onednn"  # the CPU fast path (ptq_protein.nn.cpu_int8)
     REFERENCE = "reference"  # the exact torch integer reference (Triton kernels on CUDA)
 
 

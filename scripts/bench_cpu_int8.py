@@ -13,14 +13,13 @@ each row's time over FP32 eager and its logits' relative error against FP32:
   extra), each labelled exact or saturating by a one-Linear probe on this CPU;
 * ours: ``w8a8-uniform``, ``w8a8-pwlq`` and the integer-friendly ``w8a8-pwlq-int``
   on ``backend="fake"`` and ``"int8"`` (engine ``auto``), PWLQ also on the exact
-  fast engine; where ONNX Runtime's u8 x u8 GEMM replaces oneDNN's saturating one, uniform also on oneDNN's
-  split engine (the same integers); the reference engine on request (``--reference``, slow);
+  oneDNN engine; the reference engine on request (``--reference``, slow);
 * the issue's goals judged on this run; how rare PWLQ codes outside the base
   region are; resident memory of a loaded ``w8a8-pwlq`` artifact of an ESM-2
   150M-sized model against FP (fresh subprocesses; ``--no-memory`` skips it).
 
 It prints the CPU's AVX-512 / VNNI / AMX flags, ``torch.backends.cpu.get_cpu_capability()``,
-threads, versions, and what the CPU int8 exactness probe found. No number is asserted.
+threads, versions, and what oneDNN's exactness probe found. No number is asserted.
 
     python scripts/bench_cpu_int8.py --threads 1 --no-memory   # the issue's table (minutes)
     python scripts/bench_cpu_int8.py --quick --reps 1           # tiny model, seconds (smoke test)
@@ -96,8 +95,6 @@ def build_models(model, seqs: Sequence[str], presets: Sequence[str], reference: 
         fast = pp.quantize(model, preset, calibration=list(seqs), backend="int8")
         models[f"{preset}, fake"] = fake_twin(fast)
         models[f"{preset}, int8"] = fast
-        if preset == "w8a8-uniform" and cpu_int8.mode() == "mlas" and cpu_int8._one_thread():  # the engine it replaces
-            models[f"{preset}, int8, oneDNN split"] = split_twin(fast, tokens)
         if "pwlq" in preset and cpu_int8.available():
             models[f"{preset}, int8, engine onednn (exact)"] = pp.set_engine(copy.deepcopy(fast), "onednn")
         if preset in reference:
@@ -146,21 +143,6 @@ def exact_knots_twin(fast: torch.nn.Module, tokens: torch.Tensor) -> torch.nn.Mo
     twin = copy.deepcopy(fast)
     with exact_knots_only(), torch.no_grad():
         twin(tokens)
-    return twin
-
-
-def split_twin(fast: torch.nn.Module, tokens: torch.Tensor) -> torch.nn.Module:
-    """A copy of an int8 model whose weights are prepacked for oneDNN's split engine instead of ONNX Runtime's
-    u8 x u8 GEMM (weights are prepacked at a module's first forward, so that forward runs in mode "split")."""
-    from ptq_protein.nn import cpu_int8
-
-    twin = copy.deepcopy(fast)
-    saved, cpu_int8.mode = cpu_int8.mode, lambda: "split"
-    try:
-        with torch.no_grad():
-            twin(tokens)
-    finally:
-        cpu_int8.mode = saved
     return twin
 
 
@@ -356,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     presets = [p for p in args.presets.split(",") if p]
     from ptq_protein.nn import cpu_int8
 
-    print(f"CPU int8 exactness probe: mode {cpu_int8.mode()}: {cpu_int8.reason()}\n")
+    print(f"oneDNN int8 exactness probe: mode {cpu_int8.mode()}: {cpu_int8.reason()}\n")
     models, notes = build_models(model, random_sequences(args.calib_seqs, shape.seq_len, seed=1), presets,
                                  [p for p in args.reference.split(",") if p], tokens, args.threads, not args.no_anchors)
     if args.exact_knots and "w8a8-pwlq, int8" in models:

@@ -87,7 +87,7 @@ def test_bench_cpu_int8_quick_prints_the_issue_table(capsys):
     bench = _load("bench_cpu_int8")
     assert bench.main(["--quick", "--reps", "1", "--no-memory", "--no-anchors", "--calib-seqs", "4"]) == 0
     out = capsys.readouterr().out
-    assert "CPU int8 exactness probe: mode " in out and "get_cpu_capability()" in out
+    assert "oneDNN int8 exactness probe: mode " in out and "get_cpu_capability()" in out
     rows = {r[0]: r for r in _table_rows(out, "") if len(r) == 6 and r[0] != "model"}
     for name in ("FP32 eager", "FP model in bf16", *(f"{p}, {b}" for p in bench.INT_PRESETS for b in ("fake", "int8"))):
         assert re.fullmatch(r"\d+\.\d\dx", rows[name][3]) and re.fullmatch(r"\d+\.\d\d%", rows[name][5]), name
@@ -104,7 +104,7 @@ def test_ort_anchor_rows_say_whether_they_saturate():
     assert anchors.ort_exact("u8", per_channel=True, reduce_range=False)
     from ptq_protein.nn import cpu_int8
 
-    if cpu_int8.mode() in ("split", "mlas"):  # no VNNI: ORT u8 x s8 pairs saturate as oneDNN's do; the probe says so
+    if cpu_int8.mode() == "split":  # no VNNI: ORT's u8 x s8 pairs saturate like oneDNN's, and the probe says so
         assert not anchors.ort_exact("s8", per_channel=False, reduce_range=False)
     bench = _load("bench_cpu_int8")
     names = [name for name, _ in bench.ort_builders(None, None, 1)]

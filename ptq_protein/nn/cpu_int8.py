@@ -20,20 +20,13 @@ Every integer accumulator equals the exact reference's; the float epilogue
 **AVX2 without VNNI.** oneDNN's u8 x s8 GEMM sums each pair of products into a
 saturating int16 there (``255 * 127 * 2`` becomes 32767; CPUs with VNNI or AMX
 accumulate in int32 and are exact). The probe (:func:`mode`) finds it once per
-process; then every GEMM runs exactly, with the recipe unchanged and the integer
-accumulators identical to the reference's, on
-
-* ONNX Runtime's u8 x u8 GEMM (MLAS widens to int16 first: exact) when
-  onnxruntime is installed and PyTorch runs one thread (mode ``"mlas"``,
-  :mod:`ptq_protein.nn.cpu_int8_mlas`; the weight is kept as u8 codes, one
-  copy); measured 5-13% less forward time than the split oneDNN GEMMs on one
-  thread, and slower on two (:func:`_one_thread`);
-* else (more threads, or no onnxruntime) oneDNN on saturation-free operands (mode ``"split"``,
-  :mod:`ptq_protein.nn.cpu_int8_split`: one GEMM on a shifted window of codes,
-  plus a column correction or a second GEMM for the codes outside it). The zero
-  point is not handed to oneDNN there: its zero-point kernel is exact but about
-  15x slower on this class of CPU (measured: 210 ms vs 14 ms at 1024 x 480 x
-  1920, 1 thread).
+process; then every GEMM runs on saturation-free operands
+(:mod:`ptq_protein.nn.cpu_int8_split`: one GEMM on a shifted window of codes,
+plus a column correction or a second GEMM for the codes outside it), with the
+recipe unchanged and the integer accumulators identical to the reference's.
+The zero point is not handed to oneDNN there: its zero-point kernel is exact
+but about 15x slower on this class of CPU (measured: 210 ms vs 14 ms at
+1024 x 480 x 1920, 1 thread).
 """
 
 from __future__ import annotations
@@ -44,11 +37,11 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from ptq_protein.nn import cpu_int8_mlas as mlas
 from ptq_protein.nn.cpu_int8_split import exact_accumulators, sum_post_op
 
-__all__ = ["ENGINE_NAME", "Packed", "available", "mode", "reason", "prepack", "unpack", "dense_codes", "engine_of",
-           "gemm", "gemm_add_", "accumulators", "static_linear", "per_token_linear"]
+__all__ = ["ENGINE_NAME", "Packed", "available", "mode", "reason", "prepack", "unpack", "gemm", "gemm_add_",
+           "accumulators", "static_linear",
+           "per_token_linear"]
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +51,12 @@ ENGINE_NAME = "onednn"
 class Packed(NamedTuple):
     """One Linear's prepacked int8 weight and its per-output-channel vectors (float32 [N])."""
 
-    weight: torch.Tensor  # opaque oneDNN layout of the [N, K] codes; engine "onnxruntime": u8 codes + 128, [K, N]
+    weight: torch.Tensor  # opaque oneDNN layout of the [N, K] codes
     w_scale: torch.Tensor
     w_zero: torch.Tensor  # int64 zeros [N]: symmetric weights
     colsum: torch.Tensor  # sum_k W[n, k] (float32, exact below 2^24)
     in_features: int
     memo: dict  # run-time choices of the split engine (cpu_int8_split): speed only, never the result
-    engine: str = ENGINE_NAME  # which library runs this weight's GEMMs: "onednn" or "onnxruntime"
 
 
 def available() -> bool:
@@ -73,8 +65,7 @@ def available() -> bool:
 
 
 def mode() -> Optional[str]:
-    """``"native"`` (one exact oneDNN GEMM), ``"mlas"`` (native saturates: ONNX Runtime's exact u8 x u8 GEMM),
-    ``"split"`` (native saturates, no onnxruntime: oneDNN on saturation-free operands) or None."""
+    """``"native"`` (one exact oneDNN GEMM), ``"split"`` (native saturates: two exact GEMMs) or None."""
     return _probe()[0]
 
 
@@ -92,13 +83,9 @@ def _probe() -> Tuple[Optional[str], str]:
         cases = _probe_cases()
         if all(_exact(a, w, split=False) for a, w in cases):
             return "native", f"oneDNN int8 GEMM exact on this CPU ({torch.backends.cpu.get_cpu_capability()})"
-        saturates = "oneDNN's u8 x s8 int8 GEMM saturates at int16 on this CPU (no VNNI: 255 x 127 pairs)"
-        if mlas.available():
-            return "mlas", (f"{saturates}; each GEMM runs on ONNX Runtime's exact u8 x u8 GEMM (MLAS) on one "
-                            f"thread, on saturation-free oneDNN operands (the same integers) on more")
         if all(_exact(a, w, split=True) for a, w in cases):
-            return "split", (f"{saturates}; each GEMM runs on saturation-free operands (the same integers; "
-                             f"faster with onnxruntime: {mlas.reason()})")
+            return "split", ("oneDNN's u8 x s8 int8 GEMM saturates at int16 on this CPU (no VNNI: 255 x 127 pairs); "
+                             "each GEMM runs on saturation-free operands (the same integers)")
         return None, "oneDNN's int8 GEMM is not exact on this CPU, even split"
     except (RuntimeError, AttributeError, NotImplementedError) as err:  # op missing or no CPU kernel
         log.info("oneDNN int8 linear unavailable (%s): backend='int8' cannot use it on CPU", err)
@@ -115,67 +102,34 @@ def _probe_cases():
 
 
 def _exact(a: torch.Tensor, w: torch.Tensor, split: bool) -> bool:
-    packed = prepack(w, torch.ones(w.shape[0]), ENGINE_NAME)
+    packed = prepack(w, torch.ones(w.shape[0]))
     return bool(torch.equal(_gemm(a, packed, 1.0, 0, None, packed.w_scale, split).to(torch.int32),
                             (a.double() @ w.double().t()).to(torch.int32)))
 
 
-def prepack(codes: torch.Tensor, w_scale: torch.Tensor, engine: Optional[str] = None) -> Packed:
-    """Prepack int8 weight codes ``[N, K]`` (symmetric, zero point 0) with scales ``[N]`` (or one), for
-    ``engine`` ("onednn" or "onnxruntime"); by default the one this CPU's mode runs (:func:`mode`; in mode
-    "mlas" oneDNN still takes reductions longer than ``cpu_int8_mlas.MAX_K`` and processes running more than
-    one thread, :func:`_one_thread`). The choice is made once, at prepacking (a module's first forward)."""
+def prepack(codes: torch.Tensor, w_scale: torch.Tensor) -> Packed:
+    """Prepack int8 weight codes ``[N, K]`` (symmetric, zero point 0) with scales ``[N]`` (or one)."""
     n, k = codes.shape
     codes = codes.to(torch.int8).contiguous()
+    weight = torch.ops.onednn.qlinear_prepack(codes, None)
     scale = w_scale.reshape(-1).to(torch.float32).expand(n).contiguous()
     colsum = codes.sum(dim=1, dtype=torch.int32).to(torch.float32)
-    if engine is None:
-        engine = "onnxruntime" if mode() == "mlas" and k <= mlas.MAX_K and _one_thread() else ENGINE_NAME
-    if engine == "onnxruntime":
-        weight = mlas.to_u8(codes.t())
-    else:
-        weight = torch.ops.onednn.qlinear_prepack(codes, None)
-    return Packed(weight, scale, torch.zeros(n, dtype=torch.int64), colsum, k, {}, engine)
-
-
-def _one_thread() -> bool:
-    """ONNX Runtime's GEMM is taken for processes running one intra-op thread. With more, its worker threads and
-    PyTorch's OpenMP threads (which spin between operations) contend for the cores: measured on 2 threads,
-    w8a8-uniform at 0.91x FP32 against 0.71x on oneDNN's split engine (1 thread: 0.59x against 0.67x)."""
-    return torch.get_num_threads() == 1
-
-
-def engine_of(packed: Packed) -> str:
-    """The library that runs ``packed``'s GEMMs ("onednn" or "onnxruntime"), as ``engine_used`` reports it."""
-    return packed.engine
-
-
-def dense_codes(packed: Packed) -> torch.Tensor:
-    """The int8 weight codes as a plain ``[K, N]`` tensor (the float rows' and column corrections' operand)."""
-    return mlas.from_u8(packed.weight) if packed.engine == "onnxruntime" else packed.weight.to_dense()
+    return Packed(weight, scale, torch.zeros(n, dtype=torch.int64), colsum, k, {})
 
 
 def unpack(packed: Packed) -> torch.Tensor:
     """The plain int8 codes ``[N, K]`` back from the prepacked weight (for saving and the reference)."""
-    return dense_codes(packed).t().contiguous()
+    return packed.weight.to_dense().t().contiguous()
 
 
 def gemm(a: torch.Tensor, packed: Packed, x_scale: float = 1.0, x_zero: int = 0, bias: Optional[torch.Tensor] = None,
          w_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``x_scale * w_scale[n] * (a @ W^T - x_zero * colsum[n]) + bias[n]``, float32 ``[M, N]``; int32 inside."""
     ws = packed.w_scale if w_scale is None else w_scale
-    return _gemm(a, packed, x_scale, x_zero, bias, ws, _saturates())
-
-
-def _saturates() -> bool:
-    """oneDNN's own u8 x s8 call saturates here: its GEMMs (those that ``mode`` "mlas" keeps on oneDNN, with
-    reductions over ``cpu_int8_mlas.MAX_K``) run split."""
-    return mode() in ("split", "mlas")
+    return _gemm(a, packed, x_scale, x_zero, bias, ws, mode() == "split")
 
 
 def _gemm(a, packed: Packed, x_scale: float, x_zero: int, bias, ws, split: bool) -> torch.Tensor:
-    if packed.engine == "onnxruntime":
-        return mlas.matmul(mlas.to_u8(a), packed.weight, x_scale, x_zero, ws, bias)
     acc = exact_accumulators(a, packed, int(x_zero)) if split else None
     if acc is None:  # one exact call (native, or no code above SAFE_CODE and no zero point)
         return torch.ops.onednn.qlinear_pointwise(a, float(x_scale), int(x_zero), packed.weight, ws, packed.w_zero,
@@ -188,9 +142,7 @@ def _gemm(a, packed: Packed, x_scale: float, x_zero: int, bias, ws, split: bool)
 def gemm_add_(out: torch.Tensor, a: torch.Tensor, packed: Packed, x_scale: float) -> torch.Tensor:
     """``out += x_scale * w_scale[n] * (a @ W^T)`` in oneDNN's epilogue (its "sum" post-op: no temporary, no
     extra pass); ``x_scale`` may be negative. ``out`` float32 ``[M, N]``, contiguous."""
-    if packed.engine == "onnxruntime":  # no accumulating call there: one more pass over [M, N]
-        return out.add_(gemm(a, packed, x_scale))
-    acc = exact_accumulators(a, packed) if _saturates() else None
+    acc = exact_accumulators(a, packed) if mode() == "split" else None
     if acc is None:
         return sum_post_op(out, a, packed, x_scale, packed.w_scale)
     return out.addcmul_(acc, (float(x_scale) * packed.w_scale.double()).to(torch.float32)[None, :])

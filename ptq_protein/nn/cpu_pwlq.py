@@ -45,7 +45,7 @@ from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 
-from ptq_protein.nn.cpu_int8 import Packed, dense_codes, gemm, gemm_add_
+from ptq_protein.nn.cpu_int8 import Packed, gemm, gemm_add_
 from ptq_protein.nn.fused import fused_call, region_mask, region_operand
 
 __all__ = ["PwlqRegion", "PwlqPlan", "PwlqOperands", "pwlq_plan", "pwlq_operands", "pwlq_linear"]
@@ -174,6 +174,6 @@ def pwlq_linear(codes: torch.Tensor, plan: PwlqPlan, packed: Packed) -> torch.Te
         else:
             y.index_add_(0, rows, gemm(operand, packed, coef))
     if ops.tails is not None:  # y += tails @ (codes[cols] * w_scale): one BLAS call accumulating into y
-        weight = dense_codes(packed).index_select(0, ops.cols).to(torch.float64).mul_(packed.w_scale.double())
+        weight = packed.weight.to_dense().index_select(0, ops.cols).to(torch.float64).mul_(packed.w_scale.double())
         y.addmm_(ops.tails.to(torch.float32), weight.to(torch.float32))
     return y

@@ -5,9 +5,8 @@ uses, so both backends share one set of parameters; the GEMM then runs on
 integers, on one of these engines (:class:`Engine`):
 
 * ``onednn``: the CPU fast path (:mod:`ptq_protein.nn.cpu_int8`; PWLQ sites in
-  :mod:`ptq_protein.nn.cpu_pwlq`), oneDNN's int8 GEMM on weights prepacked once,
-  or ONNX Runtime's exact u8 x u8 GEMM where oneDNN's saturates (AVX2 without
-  VNNI; ``engine_used`` then says "onnxruntime"); activation codes in one compiled pass.
+  :mod:`ptq_protein.nn.cpu_pwlq`), oneDNN's int8 GEMM on weights prepacked once;
+  activation codes in one compiled pass.
 * ``reference``: the exact torch integer reference (``ptq_protein.kernels``);
   on CUDA tensors (or under ``TRITON_INTERPRET=1``) its wrappers run the Triton kernels.
 * ``auto`` (default): ``onednn`` for CPU tensors where it runs and the site is
@@ -59,9 +58,7 @@ def set_engine(model: nn.Module, engine) -> nn.Module:
 
 
 def engine_used(model: nn.Module) -> Optional[str]:
-    """The engine(s) the last forward ran on integer sites, joined by "+", or None: "onednn" or "onnxruntime"
-    (the CPU fast path: oneDNN's int8 GEMM, or ONNX Runtime's exact u8 x u8 GEMM where oneDNN's saturates),
-    "reference", "float"."""
+    """The engine(s) the last forward ran on integer sites ("onednn", "reference", "float", joined by "+"), or None."""
     used = sorted({m.engine_ran for m in model.modules() if getattr(m, "engine_ran", None)})
     return "+".join(used) or None
 
@@ -81,9 +78,8 @@ class EngineFallbackWarning(UserWarning):
     """``backend="int8"`` runs a CPU site on the float path instead of an exact integer engine."""
 
 
-# Measured on the 12 x 480 bench model (AMD EPYC, AVX2, 1 thread), w8a8-pwlq exact: 2.4x FP32 on split oneDNN,
-# 2.1x on ONNX Runtime's u8 x u8 GEMM; fake 1.1-1.2x.
-_SPLIT_PWLQ = ("PWLQ's exact int8 GEMMs (two or more per site, on a CPU whose oneDNN int8 GEMM saturates) "
+# Measured on the 12 x 480 bench model (AMD EPYC, AVX2, 1 thread): w8a8-pwlq 2.6x FP32 on split oneDNN, fake 1.2x.
+_SPLIT_PWLQ = ("PWLQ's exact int8 GEMMs (two or more per site, each split against this CPU's int16 saturation) "
                "are slower than backend='fake' here")
 
 
@@ -106,7 +102,7 @@ def _fast_blocker(module, x: torch.Tensor) -> Optional[str]:
     if quant.spec.scheme.value == "pwlq":
         if not quant.is_static:
             return "the oneDNN engine takes static PWLQ inputs only"
-        return _SPLIT_PWLQ if module.engine is Engine.AUTO and _onednn_mode() in ("split", "mlas") else None
+        return _SPLIT_PWLQ if module.engine is Engine.AUTO and _onednn_mode() == "split" else None
     if quant.is_static:
         return None if quant.scale.numel() == 1 else "the oneDNN engine takes one static activation scale only"
     return None if quant.spec.granularity.value == "per_token" else "the oneDNN engine takes per-token dynamic inputs"
@@ -122,7 +118,8 @@ def int_linear(module, x: torch.Tensor) -> torch.Tensor:
     if blocker is None:
         from ptq_protein.nn.int_fast import fast_linear
 
-        return fast_linear(module, x)  # sets engine_ran: the library that ran the GEMM
+        module.engine_ran = Engine.ONEDNN.value
+        return fast_linear(module, x)
     if module.engine is Engine.ONEDNN:
         raise ValueError(f"engine 'onednn' cannot run this site ({module.input_quant.spec.describe()} on "
                          f"{x.device}): {blocker}; use engine='auto' or 'reference'")
@@ -161,10 +158,8 @@ def float_rows_linear(module, rows: torch.Tensor) -> torch.Tensor:
     """
     if not module.symmetric_weight_codes():
         return F.linear(rows, module.dequantized_weight(rows.dtype), module.bias)
-    from ptq_protein.nn.cpu_int8 import dense_codes
-
     packed = module._int_cache.get("packed")
-    codes = dense_codes(packed) if packed is not None else weight_codes(module).t().contiguous()
+    codes = packed.weight.to_dense() if packed is not None else weight_codes(module).t().contiguous()
     return codes_rows_linear(rows, codes, module.weight_scale, module.bias)
 
 

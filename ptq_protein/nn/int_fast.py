@@ -88,6 +88,5 @@ def fast_linear(module, x: torch.Tensor) -> torch.Tensor:
     """y = x W^T + b on the oneDNN path; x [..., K] -> [..., N] in x's dtype."""
     shape = x.shape
     packed = prepack_module(module)
-    module.engine_ran = cpu_int8.engine_of(packed)
     y = fast_product(module.input_quant, packed, module.bias, module._int_cache, x.reshape(-1, shape[-1]))
     return y.reshape(*shape[:-1], y.shape[-1]).to(x.dtype)

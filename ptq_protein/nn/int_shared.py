@@ -74,7 +74,7 @@ def shared_linear(module: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
     memo[3].add(i)
     if len(memo[3]) == len(members):
         state.cache.pop("memo")  # every member served: hold nothing between forwards
-    module.engine_ran = cpu_int8.engine_of(state.packed)
+    module.engine_ran = Engine.ONEDNN.value
     return memo[2][..., state.bounds[i]:state.bounds[i + 1]]
 
 
@@ -134,7 +134,7 @@ def _product(state: _Packed, x: torch.Tensor) -> torch.Tensor:
     keep = quant.special_rows(x)
     if keep is not None:
         index = keep.expand(*x.shape[:-1], 1).reshape(-1).nonzero().flatten()
-        rows = codes_rows_linear(x2.index_select(0, index), cpu_int8.dense_codes(state.packed), state.packed.w_scale,
+        rows = codes_rows_linear(x2.index_select(0, index), state.packed.weight.to_dense(), state.packed.w_scale,
                                  state.bias)  # one unpacking for every member
         y.index_copy_(0, index, rows)
     return y.reshape(*x.shape[:-1], y.shape[-1]).to(x.dtype)

@@ -38,27 +38,3 @@ def calibration_counter(monkeypatch):
             monkeypatch.setattr(cls, "forward", counting_forward)
     monkeypatch.setattr(forwards, "calibrate", counting_calibrate)  # every calibration pass runs through it
     return counts
-
-
-@pytest.fixture
-def fast_label():
-    """What ``engine_used`` says for the CPU fast path in the current (possibly forced) mode: call it after
-    forcing one."""
-    from ptq_protein.nn import cpu_int8
-
-    return lambda: "onnxruntime" if cpu_int8.mode() == "mlas" and cpu_int8._one_thread() else "onednn"
-
-
-@pytest.fixture(params=["auto", "split", "mlas"])
-def engine_mode(request, monkeypatch):
-    """This CPU's own mode of the CPU int8 fast path, and each AVX2 engine forced (so a VNNI CPU tests the AVX2
-    paths too): oneDNN on saturation-free operands, and ONNX Runtime's u8 x u8 GEMM."""
-    from ptq_protein.nn import cpu_int8, cpu_int8_mlas
-
-    if request.param == "mlas" and not cpu_int8_mlas.available():
-        pytest.skip(cpu_int8_mlas.reason())
-    if request.param != "auto":
-        monkeypatch.setattr(cpu_int8, "mode", lambda: request.param)
-    if request.param == "mlas":  # taken by processes running one thread (cpu_int8._one_thread)
-        monkeypatch.setattr(cpu_int8, "_one_thread", lambda: True)
-    return request.param

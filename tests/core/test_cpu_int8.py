@@ -8,7 +8,7 @@ import torch
 import ptq_protein as pp
 from ptq_protein.kernels.reference import int_matmul, pwlq_linear_reference
 from ptq_protein.models.adapters import get_adapter
-from ptq_protein.nn import cpu_int8, cpu_int8_mlas, cpu_pwlq
+from ptq_protein.nn import cpu_int8, cpu_pwlq
 from ptq_protein.nn.int_exec import engine_used, set_engine
 from ptq_protein.nn.int_fast import encode_codes
 from ptq_protein.nn.modules import QuantLinear
@@ -41,16 +41,23 @@ def test_accumulators_identical(m, k, n):
 def _native_saturates() -> bool:
     """oneDNN's single call on the extreme pair 127 x 127 against float64 (AVX2 without VNNI: int16 pair sums)."""
     a, w = torch.full((2, 64), 127, dtype=torch.int8), torch.full((4, 64), 127, dtype=torch.int8)
-    packed = cpu_int8.prepack(w, torch.ones(4), "onednn")
+    packed = cpu_int8.prepack(w, torch.ones(4))
     y = torch.ops.onednn.qlinear_pointwise(a, 1.0, 0, packed.weight, packed.w_scale, packed.w_zero, None, 1.0, 0,
                                            torch.float32, "none", [], "")
     return not torch.equal(y.double(), a.double() @ w.double().t())
 
 
 def test_probe_names_the_engine_and_why():
-    saturating = "mlas" if cpu_int8_mlas.available() else "split"
-    assert cpu_int8.mode() == (saturating if _native_saturates() else "native")
-    assert ("saturates at int16" in cpu_int8.reason()) == (cpu_int8.mode() in ("split", "mlas"))
+    assert cpu_int8.mode() == ("split" if _native_saturates() else "native")
+    assert ("saturates at int16" in cpu_int8.reason()) == (cpu_int8.mode() == "split")
+
+
+@pytest.fixture(params=["auto", "split"])
+def engine_mode(request, monkeypatch):
+    """This CPU's own mode, and the split engine forced (so a VNNI CPU tests the AVX2 path too)."""
+    if request.param == "split":
+        monkeypatch.setattr(cpu_int8, "mode", lambda: "split")
+    return request.param
 
 
 EXTREMES = {"top": (127, 127), "bottom": (-128, -127), "mixed": (127, -127), "random": None}
@@ -185,7 +192,7 @@ def padded_tokens():
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-def test_sites_equal_reference_on_padded_batch(engine_mode, padded_tokens, preset, fast_label):
+def test_sites_equal_reference_on_padded_batch(engine_mode, padded_tokens, preset):
     model, seqs, tokens = padded_tokens
     qmodel = set_engine(pp.quantize(model, preset, calibration=seqs, backend="int8"), "reference")
     inputs = _site_inputs(qmodel, tokens)
@@ -199,7 +206,7 @@ def test_sites_equal_reference_on_padded_batch(engine_mode, padded_tokens, prese
             ref = site(x)
             site.engine = pp.Engine.ONEDNN  # auto may take the float path (PWLQ where oneDNN is split)
             fast = site(x)
-        assert site.engine_ran == fast_label() and _rel(fast, ref) <= 1e-6, name
+        assert site.engine_ran == "onednn" and _rel(fast, ref) <= 1e-6, name
 
 
 @pytest.mark.parametrize("preset", ["w8a8-uniform", "w8a8-dynamic"])
@@ -216,7 +223,7 @@ def test_site_accumulators_identical_on_padded_batch(engine_mode, padded_tokens,
         assert torch.equal(cpu_int8.accumulators(codes, prepack_module(site)), int_matmul(codes, w)), name
 
 
-def test_fast_module_holds_one_int8_copy_and_saves_codes(engine_mode, padded_tokens, tmp_path, fast_label):
+def test_fast_module_holds_one_int8_copy_and_saves_codes(padded_tokens, tmp_path):
     model, seqs, tokens = padded_tokens
     qmodel = set_engine(pp.quantize(model, "w8a8-pwlq", calibration=seqs, backend="int8"), "onednn")
     codes = {n: m.weight_codes.clone() for n, m in qmodel.named_modules() if isinstance(m, QuantLinear)}
@@ -233,7 +240,7 @@ def test_fast_module_holds_one_int8_copy_and_saves_codes(engine_mode, padded_tok
     loaded = set_engine(pp.load(tmp_path / "art"), "onednn")
     with torch.no_grad():
         assert torch.equal(loaded(tokens)["logits"], out)
-    assert engine_used(loaded) == fast_label()
+    assert engine_used(loaded) == "onednn"
 
 
 def test_bad_engine_refused(padded_tokens):
@@ -243,7 +250,7 @@ def test_bad_engine_refused(padded_tokens):
         set_engine(qmodel, "fast")
 
 
-def test_fold_json_names_the_engine(tmp_path, capsys, fast_label):
+def test_fold_json_names_the_engine(tmp_path, capsys):
     from ptq_protein.cli.main import main
 
     art = tmp_path / "art"
@@ -255,7 +262,7 @@ def test_fold_json_names_the_engine(tmp_path, capsys, fast_label):
     assert main(["fold", str(art), "--fasta", str(fasta), "--out", str(tmp_path / "p"), "--num-recycles", "0",
                  "--json"]) == 0
     engine = __import__("json").loads(capsys.readouterr().out)["engine"]
-    assert engine.split("+")[0] == fast_label()
+    assert engine.split("+")[0] == "onednn"
     loaded = pp.load(art, engine="reference")
     assert all(m.engine is pp.Engine.REFERENCE for m in loaded.modules() if isinstance(m, QuantLinear))
 
@@ -326,17 +333,13 @@ def test_cpu_without_exact_int8_runs_float_and_says_why(padded_tokens, monkeypat
     assert engine_used(qmodel) == "reference"  # asked for: the exact reference still runs
 
 
-@pytest.mark.parametrize("mode", ["split", "mlas"])
-def test_saturating_cpu_runs_pwlq_as_float_and_uniform_exact(padded_tokens, monkeypatch, mode, fast_label):
-    """Where oneDNN's own GEMM saturates, PWLQ's exact engine is slower than fake: float path and one line;
-    uniform sites stay on an exact integer engine, with no warning."""
+def test_split_cpu_runs_pwlq_as_float_and_uniform_on_onednn(padded_tokens, monkeypatch):
+    """Where oneDNN must split every GEMM, PWLQ's exact engine is slower than fake: float path and one line;
+    uniform sites stay on the exact oneDNN engine, with no warning."""
     import warnings
 
-    if mode == "mlas" and not cpu_int8_mlas.available():
-        pytest.skip(cpu_int8_mlas.reason())
     model, seqs, tokens = padded_tokens
-    monkeypatch.setattr(cpu_int8, "mode", lambda: mode)
-    monkeypatch.setattr(cpu_int8, "_one_thread", lambda: True)
+    monkeypatch.setattr(cpu_int8, "mode", lambda: "split")
     pwlq = pp.quantize(model, "w8a8-pwlq", calibration=seqs, backend="int8")
     _, lines = _int8_forward_warnings(pwlq, tokens)
     assert len(lines) == 1 and "PWLQ's exact int8 GEMMs" in lines[0] and engine_used(pwlq) == "float"
@@ -344,4 +347,4 @@ def test_saturating_cpu_runs_pwlq_as_float_and_uniform_exact(padded_tokens, monk
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("error")
         uniform(tokens)
-    assert engine_used(uniform) == fast_label()
+    assert engine_used(uniform) == "onednn"

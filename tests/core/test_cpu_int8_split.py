@@ -49,7 +49,7 @@ def test_exact_accumulators(calls, m, k, n, zero, kind, gemms):
     gen = torch.Generator().manual_seed(m * k + n)
     a = _codes(kind, m, k, gen)
     w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
-    acc = cpu_int8_split.exact_accumulators(a, cpu_int8.prepack(w, torch.ones(n), "onednn"), zero, whole=True)
+    acc = cpu_int8_split.exact_accumulators(a, cpu_int8.prepack(w, torch.ones(n)), zero, whole=True)
     exact = int_matmul(a, w).to(torch.int64) - zero * w.to(torch.int64).sum(dim=1)
     assert torch.equal(acc.to(torch.int64), exact)
     assert calls["gemm"] + calls["sum"] == gemms
@@ -57,7 +57,7 @@ def test_exact_accumulators(calls, m, k, n, zero, kind, gemms):
 
 def test_one_native_call_when_every_code_is_safe():
     a = torch.randint(-128, cpu_int8_split.SAFE_CODE + 1, (5, 24), dtype=torch.int8)
-    packed = cpu_int8.prepack(torch.full((3, 24), 127, dtype=torch.int8), torch.ones(3), "onednn")
+    packed = cpu_int8.prepack(torch.full((3, 24), 127, dtype=torch.int8), torch.ones(3))
     assert cpu_int8_split.exact_accumulators(a, packed) is None  # the caller keeps oneDNN's fused epilogue
     assert cpu_int8_split.exact_accumulators(a, packed, x_zero=3) is not None  # a zero point meets the integers
 
@@ -76,7 +76,7 @@ def test_reused_window_and_columns_stay_exact_when_the_codes_move(calls):
     gen = torch.Generator().manual_seed(3)
     k, n = 64, 24
     w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
-    packed = cpu_int8.prepack(w, torch.ones(n), "onednn")
+    packed = cpu_int8.prepack(w, torch.ones(n))
     batches = []
     for low, cols in ((-7, [0, 5]), (-7, [0, 5]), (-7, [9, 40, 63]), (-120, [1]), (-7, [0, 5])):
         a = torch.randint(low, low + 120, (9, k), dtype=torch.int8, generator=gen)
