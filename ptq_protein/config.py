@@ -348,11 +348,6 @@ class QuantConfig:
     def replace(self, **changes: Any) -> "QuantConfig":
         return dataclasses.replace(self, **changes)
 
-    @property
-    def changes_model_before_calibration(self) -> bool:
-        """SmoothQuant / GPTQ rewrite the weights before activations are calibrated: no shared pass serves them."""
-        return self.smoothquant is not None or self.gptq is not None
-
     def to_dict(self) -> Dict[str, Any]:
         return {
             "name": self.name,
