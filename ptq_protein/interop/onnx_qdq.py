@@ -95,9 +95,17 @@ class OnnxActQuant(nn.Module):
             self.register_buffer("hi", ((qmax - zp) * scale).reshape(()))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self._dynamic(x) if self.dynamic else _QDQ.apply(x, self.scale, self.zero_point, self.lo, self.hi)
-        keep = None if self.rows is None else self.rows.mask
-        return out if keep is None else torch.where(keep, x, out)
+        """The quantized values, BOS/EOS rows mixed back in as they were (``Where``)."""
+        keep = self.keep()
+        return self.qdq(x) if keep is None else torch.where(keep, x, self.qdq(x))
+
+    def keep(self) -> Optional[torch.Tensor]:
+        """The running forward's BOS/EOS rows ``[..., 1]`` kept in float, or None."""
+        return None if self.rows is None else self.rows.mask
+
+    def qdq(self, x: torch.Tensor) -> torch.Tensor:
+        """Every row quantized and decoded (``QuantizeLinear`` / ``DequantizeLinear``)."""
+        return self._dynamic(x) if self.dynamic else _QDQ.apply(x, self.scale, self.zero_point, self.lo, self.hi)
 
     def _dynamic(self, x: torch.Tensor) -> torch.Tensor:
         """Symmetric per-token: ``scale = max|row| / qmax`` (floored), as :func:`per_token_qparams` computes it."""
@@ -110,8 +118,13 @@ class OnnxActQuant(nn.Module):
 class OnnxLinear(nn.Module):
     """An exportable :class:`QuantLinear`: input QDQ, uint8 weight codes decoded per column, ``MatMul`` + bias.
 
-    BOS/EOS rows kept in float are mixed into the input (``Where``) before one
-    ``MatMul``: the same product as the fake backend's separate float rows.
+    The ``MatMul`` reads the QDQ pair directly, which ONNX Runtime fuses into one
+    integer GEMM (``MatMulIntegerToFloat``, u8 x u8: exact). BOS/EOS rows kept in
+    float are gathered (``NonZero``, ``Gather``), multiplied by the decoded weight
+    in a float ``MatMul`` of their own and written over their rows
+    (``ScatterND``): the fake backend's separate float rows. (Mixed into the
+    input with ``Where`` instead, they would keep ONNX Runtime from fusing the
+    site: a float ``MatMul`` over every row.)
     """
 
     def __init__(self, linear: QuantLinear, rows: SpecialRows):
@@ -124,6 +137,20 @@ class OnnxLinear(nn.Module):
         self.input_quant = None if linear.input_quant is None else OnnxActQuant(linear.input_quant, rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xq = x if self.input_quant is None else self.input_quant(x)
-        y = torch.matmul(xq, _WeightDQ.apply(self.codes, self.scale, self.zero_point))
+        weight = _WeightDQ.apply(self.codes, self.scale, self.zero_point)
+        if self.input_quant is None:
+            return self._add_bias(torch.matmul(x, weight))
+        y = torch.matmul(self.input_quant.qdq(x), weight)
+        keep = self.input_quant.keep()
+        return self._add_bias(y if keep is None else _float_rows(x, keep, weight, y))
+
+    def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
         return y if self.bias is None else y + self.bias
+
+
+def _float_rows(x: torch.Tensor, keep: torch.Tensor, weight: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``y`` with the rows ``keep`` marks replaced by ``x``'s rows times ``weight`` in float."""
+    rows = keep.expand(*x.shape[:-1], 1).reshape(-1).nonzero().reshape(-1)
+    flat = y.reshape(-1, y.shape[-1])
+    exact = torch.matmul(x.reshape(-1, x.shape[-1]).index_select(0, rows), weight)
+    return flat.index_put((rows,), exact).reshape(y.shape)

@@ -139,3 +139,24 @@ def test_one_site_is_exact_in_onnx_runtime(tmp_path, dynamic):
     with torch.no_grad():
         want = site(x)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("family", ["esm2", "hf_esm2"])
+def test_every_site_is_one_integer_gemm_in_onnx_runtime(request, seqs, tmp_path, family):
+    """With BOS/EOS rows kept in float (the default), ONNX Runtime still fuses every quantized Linear into one
+    u8 x u8 integer GEMM (``MatMulIntegerToFloat``); the float rows run as a small ``MatMul`` of their own."""
+    import collections
+
+    import onnx
+    import onnxruntime as ort
+
+    from ptq_protein.nn.modules import QuantLinear
+
+    ref, _ = _export(request.getfixturevalue(family), "w8a8-uniform", seqs, tmp_path)
+    assert any(m.input_quant.special_tokens is not None for m in ref.modules() if isinstance(m, QuantLinear))
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(tmp_path / "m.onnx"), options, providers=["CPUExecutionProvider"])
+    ops = collections.Counter(node.op_type for node in onnx.load(str(tmp_path / "optimized.onnx")).graph.node)
+    sites = sum(1 for m in ref.modules() if isinstance(m, QuantLinear) and m.input_quant is not None)
+    assert ops["MatMulIntegerToFloat"] == sites and ops["ScatterND"] == sites
