@@ -12,7 +12,8 @@ each row's time over FP32 eager and its logits' relative error against FP32:
   with reduce_range (per-tensor weights, ORT's default, and per-channel) and U8U8 per-channel (the ``[onnx]``
   extra), each labelled exact or saturating by a one-Linear probe on this CPU;
 * ours: ``w8a8-uniform``, ``w8a8-pwlq`` and the integer-friendly ``w8a8-pwlq-int``
-  on ``backend="fake"`` and ``"int8"`` (engine ``auto``), PWLQ also on the exact
+  on ``backend="fake"`` and ``"int8"`` (engine ``auto``), uniform also exported to ONNX and run by ONNX
+  Runtime (``pp.export_onnx``: u8 x u8 integer GEMMs, BOS/EOS rows in float), PWLQ also on the exact
   oneDNN engine; the reference engine on request (``--reference``, slow);
 * the issue's goals judged on this run; how rare PWLQ codes outside the base
   region are; resident memory of a loaded ``w8a8-pwlq`` artifact of an ESM-2
@@ -95,6 +96,11 @@ def build_models(model, seqs: Sequence[str], presets: Sequence[str], reference: 
         fast = pp.quantize(model, preset, calibration=list(seqs), backend="int8")
         models[f"{preset}, fake"] = fake_twin(fast)
         models[f"{preset}, int8"] = fast
+        if preset == "w8a8-uniform" and anchors:
+            try:
+                models[f"{preset}, ONNX export in ONNX Runtime (u8 x u8) [exact]"] = exported_row(fast, tokens, threads)
+            except anchor.Skip as skip:
+                notes[f"{preset}, ONNX export in ONNX Runtime (u8 x u8) [exact]"] = str(skip)
         if "pwlq" in preset and cpu_int8.available():
             models[f"{preset}, int8, engine onednn (exact)"] = pp.set_engine(copy.deepcopy(fast), "onednn")
         if preset in reference:
@@ -120,6 +126,24 @@ def ort_builders(model, tokens: torch.Tensor, threads: int) -> List[tuple]:
                      lambda w=weights, c=per_channel, r=reduce_range: anchor.ort_dynamic(model, tokens, threads, w, c,
                                                                                          r)))
     return rows
+
+
+def exported_row(qmodel: torch.nn.Module, tokens: torch.Tensor, threads: int):
+    """Our artifact exported to ONNX (``pp.export_onnx``) and run by ONNX Runtime: what a user of that engine gets."""
+    import tempfile
+
+    import ptq_protein as pp
+
+    try:
+        from ptq_protein.interop.onnx_export import export_onnx, ort_session
+
+        folder = Path(tempfile.mkdtemp(prefix="bench_export_"))
+        pp.save(qmodel, folder / "artifact")
+        export_onnx(folder / "artifact", folder / "model.onnx")
+        session = ort_session(folder / "model.onnx", threads)
+    except Exception as err:  # noqa: BLE001  (onnxruntime missing or export failure: a skipped row, named)
+        raise anchor.Skip(f"ONNX export failed: {type(err).__name__}: {str(err).splitlines()[0][:120]}") from err
+    return lambda t: {"logits": torch.from_numpy(session.run(None, {"input_ids": t.numpy()})[0])}
 
 
 def fake_twin(fast: torch.nn.Module) -> torch.nn.Module:
