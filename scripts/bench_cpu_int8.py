@@ -33,6 +33,7 @@ import contextlib
 import copy
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
@@ -97,10 +98,11 @@ def build_models(model, seqs: Sequence[str], presets: Sequence[str], reference: 
         models[f"{preset}, fake"] = fake_twin(fast)
         models[f"{preset}, int8"] = fast
         if preset == "w8a8-uniform" and anchors:
+            label = f"{preset}, ONNX export in ONNX Runtime (u8 x u8) [exact]"
             try:
-                models[f"{preset}, ONNX export in ONNX Runtime (u8 x u8) [exact]"] = exported_row(fast, tokens, threads)
+                models[label] = exported_row(fast, tokens, threads)
             except anchor.Skip as skip:
-                notes[f"{preset}, ONNX export in ONNX Runtime (u8 x u8) [exact]"] = str(skip)
+                notes[label] = str(skip)
         if "pwlq" in preset and cpu_int8.available():
             models[f"{preset}, int8, engine onednn (exact)"] = pp.set_engine(copy.deepcopy(fast), "onednn")
         if preset in reference:
@@ -130,8 +132,6 @@ def ort_builders(model, tokens: torch.Tensor, threads: int) -> List[tuple]:
 
 def exported_row(qmodel: torch.nn.Module, tokens: torch.Tensor, threads: int):
     """Our artifact exported to ONNX (``pp.export_onnx``) and run by ONNX Runtime: what a user of that engine gets."""
-    import tempfile
-
     import ptq_protein as pp
 
     try:

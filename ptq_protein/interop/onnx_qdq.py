@@ -152,5 +152,5 @@ def _float_rows(x: torch.Tensor, keep: torch.Tensor, weight: torch.Tensor, y: to
     """``y`` with the rows ``keep`` marks replaced by ``x``'s rows times ``weight`` in float."""
     rows = keep.expand(*x.shape[:-1], 1).reshape(-1).nonzero().reshape(-1)
     flat = y.reshape(-1, y.shape[-1])
-    exact = torch.matmul(x.reshape(-1, x.shape[-1]).index_select(0, rows), weight)
-    return flat.index_put((rows,), exact).reshape(y.shape)
+    kept = torch.matmul(x.reshape(-1, x.shape[-1]).index_select(0, rows), weight)
+    return flat.index_put((rows,), kept).reshape(y.shape)
