@@ -39,6 +39,7 @@ _EXPORTS = {
     "compare_models": "ptq_protein.eval.bench.fidelity",
     "load_model": "ptq_protein.models.loading",
     "export_onnx": "ptq_protein.interop.onnx_export",
+    "read_embeddings": "ptq_protein.workloads.embed_store",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -98,7 +98,7 @@ def read_fasta_records(source: PathOrText, *, alphabet: str = ESM_AMINO_ACIDS,
         raise ValueError(f"duplicates={duplicates!r} is not one of {_DUPLICATE_POLICIES}")
     text, label = _read_text(source, where)
     raw = _split_records(text, label)
-    records = []
+    records, lines = [], []
     for header_line, name, description, chunks in raw:
         sequence = _clean_sequence("".join(chunks))
         if not sequence:
@@ -107,7 +107,8 @@ def read_fasta_records(source: PathOrText, *, alphabet: str = ESM_AMINO_ACIDS,
         sequence = validate_sequence(sequence, alphabet=alphabet, max_length=max_length,
                                      where=f"{label}: sequence {name!r}")
         records.append(FastaRecord(name, sequence, description))
-    return _handle_duplicates(records, duplicates, label)
+        lines.append(header_line)
+    return _handle_duplicates(records, duplicates, label, lines)
 
 
 def validate_sequence(sequence: str, *, alphabet: str = ESM_AMINO_ACIDS, max_length: Optional[int] = None,
@@ -238,16 +239,20 @@ def _clean_sequence(sequence: str) -> str:
     return cleaned[:-1] if cleaned.endswith("*") else cleaned
 
 
-def _handle_duplicates(records: List[FastaRecord], policy: str, label: str) -> List[FastaRecord]:
+def _handle_duplicates(records: List[FastaRecord], policy: str, label: str,
+                       lines: Sequence[int]) -> List[FastaRecord]:
     seen: dict = {}
+    first_line: dict = {}
     out = []
-    for record in records:
+    for record, line in zip(records, lines):
         count = seen.get(record.id, 0) + 1
         seen[record.id] = count
+        first_line.setdefault(record.id, line)
         if count == 1:
             out.append(record)
         elif policy == "error":
-            raise InputError(f"{label}: id {record.id!r} appears more than once; ids must be unique "
+            raise InputError(f"{label}: id {record.id!r} appears more than once (headers on lines "
+                             f"{first_line[record.id]} and {line}); ids must be unique "
                              "(rename the repeats, or pass duplicates='rename' to name them <id>#2, <id>#3, ...)")
         else:
             out.append(record._replace(id=f"{record.id}#{count}"))

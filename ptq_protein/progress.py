@@ -25,33 +25,53 @@ _STEPS = 10  # lines per loop in logs: one per tenth of the work
 
 
 def progress(items: Sequence[T], desc: str, unit: str, show: bool = True,
-             terminal: Optional[bool] = None) -> Iterable[T]:
+             terminal: Optional[bool] = None, weights: Optional[Sequence[int]] = None,
+             weight_unit: str = "") -> Iterable[T]:
     """``items`` wrapped for progress: a tqdm bar on a terminal, log lines otherwise, nothing when ``show`` is off.
 
+    ``weights`` (one per item, e.g. residues) make the bar count them and the lines
+    report their rate (``weight_unit``/s), for loops whose items differ in cost.
     ``terminal`` overrides the check of ``sys.stderr.isatty()`` (tests).
     """
     if not show or not items:
         return items
+    if weights is not None and len(weights) != len(items):
+        raise ValueError(f"{len(weights)} weights for {len(items)} items")
     if sys.stderr.isatty() if terminal is None else terminal:
         from tqdm.auto import tqdm
 
-        return tqdm(items, desc=desc, unit=unit)
-    return _lines(items, desc, unit)
+        if weights is None:
+            return tqdm(items, desc=desc, unit=unit)
+        return _weighted_bar(tqdm(total=sum(weights), desc=desc, unit=weight_unit, unit_scale=True), items, weights)
+    return _lines(items, desc, unit, weights, weight_unit)
 
 
-def _lines(items: Sequence[T], desc: str, unit: str) -> Iterator[T]:
+def _weighted_bar(bar, items: Sequence[T], weights: Sequence[int]) -> Iterator[T]:
+    with bar:
+        for item, weight in zip(items, weights):
+            yield item
+            bar.update(weight)
+
+
+def _lines(items: Sequence[T], desc: str, unit: str, weights: Optional[Sequence[int]] = None,
+           weight_unit: str = "") -> Iterator[T]:
     total, start = len(items), time.perf_counter()
+    done_weight, total_weight = 0, sum(weights) if weights is not None else 0
     log.info("%s: 0/%d %s", desc, total, unit)
     last_line, next_step = start, 1
     for done, item in enumerate(items, 1):
         yield item
         now = time.perf_counter()
+        if weights is not None:
+            done_weight += weights[done - 1]
         if done == total or done * _STEPS >= next_step * total or now - last_line >= LINE_EVERY_S:
             while done * _STEPS >= next_step * total:
                 next_step += 1
             elapsed = now - start
-            eta = elapsed / done * (total - done)
-            log.info("%s: %d/%d %s (%d%%), %s elapsed%s", desc, done, total, unit, 100 * done // total,
+            share = done_weight / total_weight if weights is not None and total_weight else done / total
+            eta = elapsed / share * (1 - share) if share else 0.0
+            rate = f", {done_weight / elapsed:.0f} {weight_unit}/s" if weights is not None and elapsed > 0 else ""
+            log.info("%s: %d/%d %s (%d%%)%s, %s elapsed%s", desc, done, total, unit, 100 * done // total, rate,
                      _duration(elapsed), "" if done == total else f", about {_duration(eta)} left")
             last_line = now
 

@@ -17,16 +17,14 @@ from typing import Iterator, Optional
 from torch import nn
 
 from ptq_protein.errors import InputError
-from ptq_protein.io_utils import env_flag
 from ptq_protein.models.fold_memory import CHUNK_CHOICES, FoldPlan, choose_plan, dims_of, predict_peak
-from ptq_protein.workflows.memory_budget import available_memory_bytes, resident_bytes
+from ptq_protein.workflows.memory_budget import DEFAULT_SHARE, process_budget  # noqa: F401 (re-exported)
 
 __all__ = ["FoldRefused", "planned_fold", "fold_budget", "longest_fitting"]
 
 log = logging.getLogger(__name__)
 
 _GIB = 2 ** 30
-DEFAULT_SHARE = 0.9  # of MemAvailable, without --max-memory: headroom for the prediction's error
 
 
 class FoldRefused(InputError):
@@ -34,18 +32,8 @@ class FoldRefused(InputError):
 
 
 def fold_budget(max_memory: Optional[int] = None) -> Optional[int]:
-    """Bytes the fold's process may use: ``max_memory``, else its resident bytes + 90% of ``MemAvailable``.
-
-    None (no check): unknown, or ``PTQ_PROTEIN_SKIP_MEMORY_CHECK=1`` and no ``max_memory``.
-    """
-    if max_memory is not None:
-        if max_memory <= 0:
-            raise InputError(f"max_memory={max_memory}: give a positive size, e.g. 16G")
-        return int(max_memory)
-    if env_flag("PTQ_PROTEIN_SKIP_MEMORY_CHECK"):
-        return None
-    available = available_memory_bytes()
-    return None if available is None else int(DEFAULT_SHARE * available) + resident_bytes()
+    """Bytes the fold's process may use (:func:`~ptq_protein.workflows.memory_budget.process_budget`)."""
+    return process_budget(max_memory)
 
 
 @contextlib.contextmanager

@@ -30,7 +30,7 @@ from ptq_protein.io_utils import env_flag
 
 __all__ = ["MemoryEstimate", "estimate_quantize_memory", "available_memory_bytes", "resident_bytes", "shortfall",
            "check_fits",
-           "choose_low_memory"]
+           "choose_low_memory", "process_budget", "DEFAULT_SHARE"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,24 @@ def estimate_quantize_memory(weights_bytes: int, *, low_memory: bool, calibratio
         weights = weights_bytes * (1 + INT8_FRACTION)
     activations = calibration_tokens * ACTIVATION_BYTES_PER_TOKEN_PER_GB * max(weights_bytes / 2 ** 30, 0.1)
     return MemoryEstimate(int(weights_bytes), int(RUNTIME_BYTES + weights + activations), low_memory)
+
+
+DEFAULT_SHARE = 0.9  # of MemAvailable, without --max-memory: headroom for a prediction's error
+
+
+def process_budget(max_memory: Optional[int] = None) -> Optional[int]:
+    """Bytes a run's process may use: ``max_memory``, else its resident bytes + 90% of ``MemAvailable``.
+
+    None (no check): unknown, or ``PTQ_PROTEIN_SKIP_MEMORY_CHECK=1`` and no ``max_memory``.
+    """
+    if max_memory is not None:
+        if max_memory <= 0:
+            raise InputError(f"max_memory={max_memory}: give a positive size, e.g. 16G")
+        return int(max_memory)
+    if env_flag("PTQ_PROTEIN_SKIP_MEMORY_CHECK"):
+        return None
+    available = available_memory_bytes()
+    return None if available is None else int(DEFAULT_SHARE * available) + resident_bytes()
 
 
 def available_memory_bytes() -> Optional[int]:

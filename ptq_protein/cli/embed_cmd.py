@@ -1,0 +1,128 @@
+"""``ptq-protein embed``: embeddings of a whole FASTA, as fair-esm's ``extract.py`` writes them (or HDF5)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Dict
+
+from ptq_protein.cli.common import add_runtime_options, parse_memory_size, resolve_device, show_progress
+from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, is_artifact, load_float_model
+
+EXAMPLES = """examples:
+  ptq-protein embed esm2_t33_650M_UR50D seqs.fasta --out emb/ --repr-layers -1 --include mean
+  ptq-protein embed runs/650m-w8a8 seqs.fasta --out emb-q/ --include mean per_tok --format h5
+  ptq-protein embed runs/650m-w8a8 big.fasta --out emb/ --shard 3/8       # job 3 of an array of 8
+  torchrun --nproc-per-node 4 -m ptq_protein.cli.main embed runs/650m-w8a8 big.fasta --out emb/ --device cuda
+
+--format pt writes OUT/LABEL.pt, the files fair-esm's scripts/extract.py writes (label = the whole
+header line); --format h5 writes OUT/embeddings.K-of-N.h5. Read either with
+ptq_protein.read_embeddings(OUT). Rerunning the same command computes only what is missing.
+"""
+
+
+def register(subparsers) -> None:
+    from ptq_protein.workloads.embed import INCLUDE_CHOICES
+
+    p = subparsers.add_parser("embed", help="embeddings (and contacts, logits) of every sequence of a FASTA",
+                              description="Embed every sequence of a FASTA file with an ESM-2 model or artifact; "
+                                          "resumable, shardable, within a memory budget.",
+                              epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="an artifact folder from 'ptq-protein quantize', or " + MODEL_HELP)
+    p.add_argument("fasta", help="sequences to embed (FASTA, .gz allowed)")
+    p.add_argument("--out", required=True, help="output folder (new, or one an earlier embed run of the same "
+                                                "model, options and FASTA wrote: only what is missing is computed)")
+    p.add_argument("--repr-layers", type=int, nargs="+", default=[-1], metavar="N",
+                   help="layers whose representations to keep; 0 = embeddings, negative counts from the end "
+                        "(default: -1, the last)")
+    p.add_argument("--include", nargs="+", default=["mean"], choices=INCLUDE_CHOICES,
+                   help="what to save per sequence (default: mean)")
+    p.add_argument("--toks-per-batch", type=int, default=4096, help="tokens per batch (default: 4096)")
+    p.add_argument("--truncation-seq-length", type=int, default=1022,
+                   help="truncate longer sequences to this many residues (default: 1022)")
+    p.add_argument("--format", default="pt", choices=["pt", "h5"], help="pt: one LABEL.pt each (default); h5: HDF5")
+    p.add_argument("--shard", metavar="K/N", help="embed only the K-th of N shares (job arrays); under torchrun "
+                                                  "each rank takes its share without it")
+    p.add_argument("--max-memory", metavar="SIZE",
+                   help="memory the run may use, e.g. 8G (default: what this machine has available)")
+    p.add_argument("--backend", choices=["fake", "int8"],
+                   help="artifacts: run the quantized layers simulated (fake) or with integer GEMMs (int8); "
+                        "default: the artifact's")
+    add_model_options(p)
+    add_runtime_options(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ptq_protein.workloads.embed import EmbedOptions
+    from ptq_protein.workloads.embed_run import EmbedRun, fasta_labels
+    from ptq_protein.workloads.shards import choose_shard
+
+    max_memory = parse_memory_size(args.max_memory)
+    options = EmbedOptions(tuple(args.repr_layers), tuple(args.include), args.toks_per_batch,
+                           args.truncation_seq_length, args.format)
+    if options.format == "h5":
+        from ptq_protein.workloads.embed_h5 import require_h5py
+
+        require_h5py()
+    artifact = is_artifact(args.model)
+    if artifact:
+        given = [o for o, v in (("--weights", args.weights), ("--dtype", args.dtype)) if v is not None]
+        if given:
+            raise ValueError(f"{' and '.join(given)} cannot apply to an artifact ({args.model} carries its own "
+                             "weights and dtypes); drop the option, or embed with the float model instead")
+    elif args.backend is not None:
+        raise ValueError(f"--backend applies to artifacts; {args.model} is a float model (drop --backend, or "
+                         "quantize it first)")
+    shard = choose_shard(args.shard)
+    device = resolve_device(args.device)
+    hint = _artifact_identity(args.model) if artifact else {"name": args.model}
+    job = EmbedRun(fasta_labels(args.fasta), args.out, options, shard,
+                   {"backend": args.backend, "dtype": args.dtype or "float32"}, model_hint=hint)
+    model, identity = _load(args, artifact, shard, device)
+    report = job.run(model, identity, max_memory, show_progress=show_progress(args))
+    _summary(report, args.out, shard)
+    for reason in report.refused.values():
+        print(f"ptq-protein embed: not embedded: {reason}", file=sys.stderr)
+    return 2 if report.refused else 0
+
+
+def _load(args: argparse.Namespace, artifact: bool, shard, device: str):
+    """(model, identity): what the output folder records of it (names and digests, never a local path)."""
+    if shard.count > 1 and device == "cuda":
+        import os
+
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"  # one GPU per torchrun rank
+    if artifact:
+        import ptq_protein as pp
+
+        return pp.load(args.model, device=device, backend=args.backend), _artifact_identity(args.model)
+    loaded = load_float_model(args, args.model, device=device)
+    return loaded.model, {"name": loaded.name, "sha256": loaded.source_sha256, "recipe": "fp",
+                          "source": loaded.source if loaded.source.startswith("tiny:") else Path(loaded.source).name}
+
+
+def _artifact_identity(folder: str) -> Dict[str, Any]:
+    """An artifact's tensor digest, recipe and source model, from its recipe.json (verified at load); not its
+    path, so a moved or renamed artifact resumes its folder."""
+    import json
+
+    try:
+        recipe = json.loads((Path(folder) / "recipe.json").read_text())
+    except (OSError, ValueError, RecursionError) as err:
+        raise ValueError(f"{folder}/recipe.json is not readable JSON ({type(err).__name__}); re-run quantize") from err
+    if not isinstance(recipe, dict):
+        raise ValueError(f"{folder}/recipe.json is not a recipe object; re-run quantize")
+    config, source = recipe.get("config"), recipe.get("model")
+    return {"tensors_sha256": recipe.get("tensors_sha256"),
+            "recipe": config.get("name") if isinstance(config, dict) else None,
+            "source": source.get("name") if isinstance(source, dict) else None}
+
+
+def _summary(report, out: str, shard) -> None:
+    stats = report.stats
+    part = "" if shard.count == 1 else f" (shard {shard.index}/{shard.count})"
+    print(f"embedded {stats.sequences} sequences ({stats.residues} residues) in {stats.seconds:.1f} s, "
+          f"{stats.residues_per_second:.0f} residues/s; padding {100 * stats.padding_share:.1f}% of the "
+          f"{stats.tokens} tokens computed; {report.skipped} already written{part}; into {out}")
