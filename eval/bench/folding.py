@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ptq_protein.eval.bench.fold_budget import FoldRefused, planned_fold
-from ptq_protein.io_utils import atomic_write_text, check_out_path, folder_lock, safe_stem
+from ptq_protein.io_utils import atomic_write_text, check_out_path, file_lock, folder_lock, safe_stem
 from ptq_protein.progress import progress as progress_of
 
 __all__ = ["fold_one", "fold_to_pdbs", "require_esmfold", "FoldRefused"]
@@ -51,8 +51,8 @@ def fold_one(model: nn.Module, sequence: str, num_recycles: Optional[int] = None
 
 def fold_to_pdbs(model: nn.Module, records: Sequence[Tuple[str, str]], out_dir: Path,
                  num_recycles: Optional[int] = None, progress: bool = False, force: bool = False,
-                 max_memory: Optional[int] = None,
-                 refused: Optional[Dict[str, str]] = None) -> Dict[str, Tuple[float, Path]]:
+                 max_memory: Optional[int] = None, refused: Optional[Dict[str, str]] = None,
+                 shard_tag: Optional[str] = None) -> Dict[str, Tuple[float, Path]]:
     """Fold each (id, sequence), write one PDB each atomically; returns {id: (mean pLDDT, path written)}.
 
     A sequence that cannot fit in ``max_memory`` bytes (:func:`fold_one`) is not folded and
@@ -63,6 +63,10 @@ def fold_to_pdbs(model: nn.Module, records: Sequence[Tuple[str, str]], out_dir: 
     get different files); ``out_dir/fold_index.json`` records id -> file. Existing PDBs
     are refused before anything is folded, unless ``force`` and the index of an earlier
     fold in this folder lists them (``force`` never replaces a file this tool did not write).
+
+    ``shard_tag`` (``K-of-N``): this run folds one share of a FASTA beside the others' runs
+    into the same folder; each shard holds its own lock, and the index is updated under a
+    short shared lock (re-read, one entry added), so concurrent shards keep every entry.
     """
     require_esmfold(model)
     out_dir = Path(out_dir)
@@ -77,16 +81,18 @@ def fold_to_pdbs(model: nn.Module, records: Sequence[Tuple[str, str]], out_dir: 
             hint += ", or pass --force to replace PDBs an earlier fold wrote"
         raise FileExistsError(f"{clash[0]} already exists ({len(clash)} PDB file(s) in the way); {hint}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    with folder_lock(out_dir):  # one fold per folder at a time: the index is read-modify-write
+    held = folder_lock(out_dir) if shard_tag is None else \
+        file_lock(out_dir / f".fold-{shard_tag}.lock", wait=False, purpose=f"shard {shard_tag} of {out_dir}")
+    with held:  # one fold per folder (or per shard of it) at a time
         reasons: Dict[str, str] = {} if refused is None else refused
-        written = _fold_all(model, records, paths, index, index_path, (num_recycles, max_memory), progress, reasons)
+        written = _fold_all(model, records, paths, index_path, (num_recycles, max_memory), progress, reasons)
     if reasons and refused is None:
         raise FoldRefused(f"{len(reasons)} sequence(s) not folded: " + "; ".join(reasons.values()))
     return written
 
 
-def _fold_all(model: nn.Module, records: Sequence[Tuple[str, str]], paths: Dict[str, Path], index: Dict[str, str],
-              index_path: Path, run: Tuple[Optional[int], Optional[int]], progress: bool,
+def _fold_all(model: nn.Module, records: Sequence[Tuple[str, str]], paths: Dict[str, Path], index_path: Path,
+              run: Tuple[Optional[int], Optional[int]], progress: bool,
               refused: Dict[str, str]) -> Dict[str, Tuple[float, Path]]:
     items = progress_of(records, "folding", "sequences", show=progress)
     written = {}
@@ -97,14 +103,21 @@ def _fold_all(model: nn.Module, records: Sequence[Tuple[str, str]], paths: Dict[
             refused[seq_id] = f"{seq_id}: {err}"
             log.debug("not folded: %s", refused[seq_id])
             continue
-        index[seq_id] = paths[seq_id].name
-        atomic_write_text(index_path, json.dumps(index, indent=2, sort_keys=True) + "\n")  # before the PDB: always ours
+        _record(index_path, seq_id, paths[seq_id].name)  # before the PDB: a PDB in the folder is always ours
         atomic_write_text(paths[seq_id], pdb)
         written[seq_id] = (plddt, paths[seq_id])
     return written
 
 
 INDEX_NAME = "fold_index.json"
+
+
+def _record(index_path: Path, seq_id: str, name: str) -> None:
+    """Add ``seq_id -> name`` to the index: re-read under a lock, so other shards' entries are kept."""
+    with file_lock(index_path.parent / f".{INDEX_NAME}.lock", purpose=str(index_path)):
+        index = _read_index(index_path)
+        index[seq_id] = name
+        atomic_write_text(index_path, json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
 def _read_index(path: Path) -> Dict[str, str]:

@@ -57,7 +57,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from ptq_protein.workloads.embed import EmbedOptions
     from ptq_protein.workloads.embed_run import EmbedRun, fasta_labels
-    from ptq_protein.workloads.shards import choose_shard
+    from ptq_protein.workloads.shards import choose_shard, rank_device
 
     max_memory = parse_memory_size(args.max_memory)
     options = EmbedOptions(tuple(args.repr_layers), tuple(args.include), args.toks_per_batch,
@@ -76,11 +76,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--backend applies to artifacts; {args.model} is a float model (drop --backend, or "
                          "quantize it first)")
     shard = choose_shard(args.shard)
-    device = resolve_device(args.device)
+    device = rank_device(resolve_device(args.device))
     hint = _artifact_identity(args.model) if artifact else {"name": args.model}
     job = EmbedRun(fasta_labels(args.fasta), args.out, options, shard,
                    {"backend": args.backend, "dtype": args.dtype or "float32"}, model_hint=hint)
-    model, identity = _load(args, artifact, shard, device)
+    model, identity = _load(args, artifact, device)
     report = job.run(model, identity, max_memory, show_progress=show_progress(args))
     _summary(report, args.out, shard)
     for reason in report.refused.values():
@@ -88,12 +88,8 @@ def run(args: argparse.Namespace) -> int:
     return 2 if report.refused else 0
 
 
-def _load(args: argparse.Namespace, artifact: bool, shard, device: str):
+def _load(args: argparse.Namespace, artifact: bool, device: str):
     """(model, identity): what the output folder records of it (names and digests, never a local path)."""
-    if shard.count > 1 and device == "cuda":
-        import os
-
-        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"  # one GPU per torchrun rank
     if artifact:
         import ptq_protein as pp
 

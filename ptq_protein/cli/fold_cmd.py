@@ -13,6 +13,9 @@ EXAMPLES = """examples:
   ptq-protein fold runs/tiny-esmfold-w8a8-pwlq --fasta targets.fasta --out preds/
   ptq-protein fold esmfold --fasta targets.fasta --out preds-fp/          # the float model, for comparison
   ptq-protein fold esmfold --fasta long.fasta --out preds/ --pair-bits 8 --max-memory 16G   # long sequences
+  ptq-protein fold runs/esmfold-w8a8 --fasta many.fasta --out preds/ --shard 2/4     # job 2 of an array of 4
+  torchrun --nproc-per-node 4 -m ptq_protein.cli.main fold runs/esmfold-w8a8 --fasta many.fasta --out preds/ \
+      --device cuda                                   # each rank folds its share, one GPU each
 
 Before each sequence the fold's peak memory is predicted: the largest chunk size that fits
 --max-memory is used, and a sequence that cannot fit is refused in one line (exit 2 at the end,
@@ -34,6 +37,9 @@ def register(subparsers) -> None:
     p.add_argument("--pair-bits", type=int, choices=[8],
                    help="hold the trunk's pair activations in int8 (token-wise scales): about a third of the "
                         "memory, for sequences too long for float pairs")
+    p.add_argument("--shard", metavar="K/N", help="fold only the K-th of N shares of the FASTA, into the same --out "
+                                                  "as the others (job arrays); under torchrun each rank takes its "
+                                                  "share without it")
     p.add_argument("--force", action="store_true",
                    help="replace PDBs an earlier fold wrote into --out (other files are never replaced)")
     add_model_options(p)
@@ -47,9 +53,13 @@ def run(args: argparse.Namespace) -> int:
     from ptq_protein.eval.bench.folding import fold_to_pdbs, require_esmfold
     from ptq_protein.fasta import read_fasta
     from ptq_protein.models.adapters import ESM2_MAX_RESIDUES, ESM_ALPHABET_LETTERS
+    from ptq_protein.workloads.shards import choose_shard, rank_device
 
     max_memory = parse_memory_size(args.max_memory)
     records = read_fasta(Path(args.fasta), alphabet=ESM_ALPHABET_LETTERS, max_length=ESM2_MAX_RESIDUES)
+    shard = choose_shard(args.shard)
+    records = [records[i] for i in shard.select([len(seq) for _, seq in records])]
+    device = rank_device(resolve_device(args.device))
     if is_artifact(args.model):
         import ptq_protein as pp
 
@@ -57,9 +67,9 @@ def run(args: argparse.Namespace) -> int:
         if given:
             raise ValueError(f"{' and '.join(given)} cannot apply to an artifact ({args.model} carries its own "
                              "weights and dtypes); drop the option, or fold the float model instead")
-        model = pp.load(args.model, device=resolve_device(args.device))
+        model = pp.load(args.model, device=device)
     else:
-        model = load_float_model(args, args.model).model
+        model = load_float_model(args, args.model, device=device).model
     require_esmfold(model)
     if args.pair_bits is not None:
         from ptq_protein.nn.pair_int8 import use_pair_int8
@@ -67,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         use_pair_int8(model, args.pair_bits)
     refused: dict = {}
     written = fold_to_pdbs(model, records, Path(args.out), args.num_recycles, progress=show_progress(args),
-                           force=args.force, max_memory=max_memory, refused=refused)
+                           force=args.force, max_memory=max_memory, refused=refused,
+                           shard_tag=None if shard.count == 1 else shard.tag)
     if args.json:
         from ptq_protein.nn.int_exec import engine_used
 

@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence
 
 from ptq_protein.errors import InputError
 
-__all__ = ["Shard", "parse_shard", "shard_from_env", "choose_shard"]
+__all__ = ["Shard", "parse_shard", "shard_from_env", "choose_shard", "rank_device"]
 
 _SHARD = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 
@@ -68,3 +68,10 @@ def choose_shard(flag: Optional[str]) -> Shard:
         raise InputError(f"--shard {flag} was given under torchrun (rank {from_env.index - 1} of {from_env.count}), "
                          "which shares the work by itself; drop --shard, or run without torchrun")
     return parse_shard(flag) if flag is not None else (from_env or Shard())
+
+
+def rank_device(device: str) -> str:
+    """``cuda`` -> ``cuda:LOCAL_RANK`` in a process torchrun started as one of several (one GPU each)."""
+    if device != "cuda" or shard_from_env() is None:
+        return device
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
