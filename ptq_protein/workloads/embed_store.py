@@ -188,9 +188,9 @@ def read_embeddings(out_dir) -> Dict[str, Dict[str, Any]]:
 
     Example
     -------
-    >>> emb = read_embeddings("runs/emb")                       # doctest: +SKIP
-    >>> emb["P12345"]["mean_representations"][33].shape        # doctest: +SKIP
-    torch.Size([1280])
+    >>> emb = read_embeddings("runs/emb")
+    >>> sorted(emb.get("P12345").get("mean_representations"))
+    [33]
     """
     out_dir = Path(out_dir)
     if not (out_dir / MANIFEST).is_file():
