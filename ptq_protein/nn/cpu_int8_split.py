@@ -121,7 +121,10 @@ def _unit_gemm(a: torch.Tensor, packed, colsum_times: int) -> torch.Tensor:
                                               packed.w_zero, bias, 1.0, 0, torch.float32, "none", [], "")
 
 
-def sum_post_op(out: torch.Tensor, a: torch.Tensor, packed, scale: float, ws: torch.Tensor) -> torch.Tensor:
-    """``out += scale * ws[n] * (a @ W^T)`` in oneDNN's epilogue (its "sum" post-op: no temporary, no extra pass)."""
-    return torch.ops.onednn.qlinear_pointwise.binary(a, float(scale), 0, packed.weight, ws, packed.w_zero, out, None,
-                                                     1.0, 0, torch.float32, 1.0, 0, "sum", 1.0, "none", [], "")
+def sum_post_op(out: torch.Tensor, a: torch.Tensor, packed, scale: float, ws: torch.Tensor,
+                x_zero: int = 0) -> torch.Tensor:
+    """``out += scale * ws[n] * ((a - x_zero) @ W^T)`` in oneDNN's epilogue (its "sum" post-op: no temporary, no
+    extra pass)."""
+    return torch.ops.onednn.qlinear_pointwise.binary(a, float(scale), int(x_zero), packed.weight, ws, packed.w_zero,
+                                                     out, None, 1.0, 0, torch.float32, 1.0, 0, "sum", 1.0, "none",
+                                                     [], "")

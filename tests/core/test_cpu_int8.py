@@ -42,7 +42,8 @@ def _native_saturates() -> bool:
     """oneDNN's single call on the extreme pair 127 x 127 against float64 (AVX2 without VNNI: int16 pair sums)."""
     a, w = torch.full((2, 64), 127, dtype=torch.int8), torch.full((4, 64), 127, dtype=torch.int8)
     packed = cpu_int8.prepack(w, torch.ones(4))
-    y = torch.ops.onednn.qlinear_pointwise(a, 1.0, 0, packed.weight, packed.w_scale, packed.w_zero, None, 1.0, 0,
+    u = torch.full((2, 64), 255, dtype=torch.uint8)  # code 127 as the u8 operand 255 with zero point 128
+    y = torch.ops.onednn.qlinear_pointwise(u, 1.0, 128, packed.weight, packed.w_scale, packed.w_zero, None, 1.0, 0,
                                            torch.float32, "none", [], "")
     return not torch.equal(y.double(), a.double() @ w.double().t())
 
@@ -50,6 +51,27 @@ def _native_saturates() -> bool:
 def test_probe_names_the_engine_and_why():
     assert cpu_int8.mode() == ("split" if _native_saturates() else "native")
     assert ("saturates at int16" in cpu_int8.reason()) == (cpu_int8.mode() == "split")
+
+
+def test_u8_operand_is_the_same_code_for_every_code_and_zero():
+    codes = torch.arange(-128, 128, dtype=torch.int8)
+    for zero in (-128, -3, 0, 5, 127):
+        u, z = cpu_int8.as_u8(codes, zero)
+        assert u.dtype == torch.uint8 and torch.equal(u.long() - z, codes.long() - zero)
+
+
+def test_native_gemm_hands_onednn_u8_operands(monkeypatch):
+    """oneDNN's fast kernels are built for u8 activations against PyTorch's prepacked weights; s8 ones fall to its
+    reference kernel on some AVX-512 VNNI CPUs (seconds per GEMM): no native call may pass int8 codes."""
+    if cpu_int8.mode() != "native":
+        pytest.skip("this CPU runs the split engine (its operands are int8 by design)")
+    seen, op = [], torch.ops.onednn.qlinear_pointwise
+    monkeypatch.setattr(torch.ops.onednn, "qlinear_pointwise", lambda a, *rest: seen.append(a.dtype) or op(a, *rest))
+    gen = torch.Generator().manual_seed(3)
+    a, w = _codes(9, 40, gen), _codes(7, 40, gen, -127)
+    packed = cpu_int8.prepack(w, torch.ones(7))
+    y = cpu_int8.static_linear(a, packed, 1.0, -5, None)
+    assert seen == [torch.uint8] and torch.equal(y.double(), (a.double() + 5) @ w.double().t())
 
 
 @pytest.fixture(params=["auto", "split"])
