@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from ptq_protein.errors import InputError
 from ptq_protein.fasta import ESM_AMINO_ACIDS, STANDARD_AMINO_ACIDS
@@ -56,14 +56,14 @@ def parse_mutant(text: str, sequence: str, offset_idx: int = DEFAULT_OFFSET) -> 
 
 
 def parse_mutants(texts: Sequence[str], sequence: str, offset_idx: int = DEFAULT_OFFSET,
-                  where: str = "") -> List[Mutant]:
-    """:func:`parse_mutant` of each text; ``where(i)`` context (e.g. ``"dms.csv line 7: "``) prefixes errors."""
+                  where: Optional[Callable[[int], str]] = None) -> List[Mutant]:
+    """:func:`parse_mutant` of each text; ``where(i)`` (e.g. ``"dms.csv line 7: "``) prefixes text i's error."""
     out = []
     for i, text in enumerate(texts):
         try:
             out.append(parse_mutant(text, sequence, offset_idx))
         except InputError as err:
-            raise InputError(f"{where.format(i)}{err}") from err
+            raise InputError(f"{where(i) if where else ''}{err}") from err
     return out
 
 
