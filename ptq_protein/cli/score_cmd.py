@@ -73,10 +73,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _default_column(args: argparse.Namespace, artifact: bool) -> str:
-    """``MODEL_STRATEGY`` (predict.py names its column after the model): the artifact's source and recipe."""
+    """``MODEL_STRATEGY`` (predict.py names its column after the model); an artifact: its source model and recipe,
+    or its folder's name when it does not record them."""
+    name = Path(str(args.model).rstrip("/")).name or str(args.model)
     if artifact:
         identity = artifact_identity(args.model)
-        name = f"{identity['source'] or Path(args.model).name}-{identity['recipe'] or 'quantized'}"
-    else:
-        name = Path(str(args.model).rstrip("/")).name or str(args.model)
+        if identity["source"] and identity["recipe"]:
+            name = f"{identity['source']}-{identity['recipe']}"
     return f"{name}_{args.strategy}"

@@ -135,7 +135,7 @@ def test_memory_budget_splits_batches_and_refuses_what_cannot_fit(tmp_path, fast
 def test_bad_fasta_refused_before_the_model_loads(tmp_path, text, what, capsys, monkeypatch):
     from ptq_protein.cli import embed_cmd
 
-    monkeypatch.setattr(embed_cmd, "_load", lambda *a: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(embed_cmd, "load_model_or_artifact", lambda *a: pytest.fail("the model was loaded"))
     path = tmp_path / "bad.fasta"
     path.write_text(text)
     assert embed("tiny-esm2", path, "--out", tmp_path / "o") == 2
