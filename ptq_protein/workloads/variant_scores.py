@@ -40,7 +40,7 @@ from ptq_protein.workloads.mutants import AMINO_ACIDS, Mutant, mutate
 from ptq_protein.workloads.token_batches import token_batches
 
 __all__ = ["Strategy", "SingleMutantScores", "position_log_probs", "pseudo_log_likelihoods", "score_mutants",
-           "single_mutant_scores", "marginal_score", "DEFAULT_TOKS_PER_BATCH"]
+           "single_mutant_scores", "marginal_grid", "marginal_score", "DEFAULT_TOKS_PER_BATCH"]
 
 logger = logging.getLogger(__name__)
 
@@ -141,11 +141,8 @@ def single_mutant_scores(model: nn.Module, sequence: str, strategy: "str | Strat
                          toks_per_batch: int = DEFAULT_TOKS_PER_BATCH, progress: bool = False) -> SingleMutantScores:
     """Every substitution by one of the 20 amino acids at every position (:class:`SingleMutantScores`)."""
     strategy = Strategy.parse(strategy)
-    ids = torch.tensor([esm_vocab().index(a) for a in AMINO_ACIDS])
     if strategy.marginal:
-        table = position_log_probs(model, sequence, strategy, toks_per_batch, progress)
-        wt = torch.tensor([esm_vocab().index(a) for a in sequence])
-        return SingleMutantScores(table[:, ids] - table[torch.arange(len(sequence)), wt][:, None], 0.0)
+        return marginal_grid(position_log_probs(model, sequence, strategy, toks_per_batch, progress), sequence)
     cells = [(i, a) for i, wt in enumerate(sequence) for a, aa in enumerate(AMINO_ACIDS) if aa != wt]
     variants = [sequence] + [sequence[:i] + AMINO_ACIDS[a] + sequence[i + 1:] for i, a in cells]
     scores = pseudo_log_likelihoods(model, variants, toks_per_batch, progress)
@@ -153,6 +150,13 @@ def single_mutant_scores(model: nn.Module, sequence: str, strategy: "str | Strat
     for (i, a), score in zip(cells, scores[1:]):
         grid[i, a] = score
     return SingleMutantScores(grid, scores[0])
+
+
+def marginal_grid(table: torch.Tensor, sequence: str) -> SingleMutantScores:
+    """Every single mutant's marginal score from a :func:`position_log_probs` table [L, V] of ``sequence``."""
+    ids = torch.tensor([esm_vocab().index(a) for a in AMINO_ACIDS])
+    wt = torch.tensor([esm_vocab().index(a) for a in sequence])
+    return SingleMutantScores(table[:, ids] - table[torch.arange(len(sequence)), wt][:, None], 0.0)
 
 
 def marginal_score(table: torch.Tensor, mutant: Mutant) -> float:
