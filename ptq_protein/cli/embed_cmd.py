@@ -8,6 +8,7 @@ import sys
 from ptq_protein.cli.common import add_runtime_options, parse_memory_size, resolve_device, show_progress
 from ptq_protein.cli.models_arg import (
     MODEL_HELP,
+    add_backend_option,
     add_model_options,
     artifact_identity,
     check_model_or_artifact,
@@ -50,9 +51,7 @@ def register(subparsers) -> None:
                                                   "each rank takes its share without it")
     p.add_argument("--max-memory", metavar="SIZE",
                    help="memory the run may use, e.g. 8G (default: what this machine has available)")
-    p.add_argument("--backend", choices=["fake", "int8"],
-                   help="artifacts: run the quantized layers simulated (fake) or with integer GEMMs (int8); "
-                        "default: the artifact's")
+    add_backend_option(p)
     add_model_options(p)
     add_runtime_options(p)
     p.set_defaults(func=run)

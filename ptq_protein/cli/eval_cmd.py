@@ -59,21 +59,15 @@ def register(subparsers) -> None:
 
 
 def _add_variants(sub) -> None:
-    from ptq_protein.workloads.variant_scores import DEFAULT_TOKS_PER_BATCH, Strategy
+    from ptq_protein.cli.score_cmd import add_scoring_options
 
     variants = sub.add_parser("variants", help="variant effect scores: Spearman vs FP (drift) and vs a DMS",
                               epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(variants, default_recipes="fp,w8a8-pwlq")
-    variants.add_argument("--strategy", default=Strategy.MASKED_MARGINALS.value, choices=[s.value for s in Strategy],
-                          help="fair-esm predict.py's scoring strategy (default: masked-marginals)")
+    add_scoring_options(variants)
     variants.add_argument("--dms", metavar="CSV_OR_DIR",
                           help="deep mutational scans with a DMS_score column: one CSV (a set of one target) or a "
                                "folder of <target id>.csv; adds Spearman vs experiment")
-    variants.add_argument("--mutation-col", default="mutant", help="the DMS column naming mutants (default: mutant)")
-    variants.add_argument("--offset-idx", type=int, default=1, metavar="N",
-                          help="the number of a sequence's first residue in mutant names (default: 1)")
-    variants.add_argument("--toks-per-batch", type=int, default=DEFAULT_TOKS_PER_BATCH,
-                          help=f"tokens per forward for the masked copies (default: {DEFAULT_TOKS_PER_BATCH})")
     variants.set_defaults(func=run, eval_kind="variants", num_recycles=None, tm_normalize="native")
 
 

@@ -17,6 +17,13 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", metavar="PATH", help="checkpoint file or folder to use instead of the caches")
 
 
+def add_backend_option(parser: argparse.ArgumentParser) -> None:
+    """--backend, for commands that run a float model or an artifact (embed, score)."""
+    parser.add_argument("--backend", choices=["fake", "int8"],
+                        help="artifacts: run the quantized layers simulated (fake) or with integer GEMMs (int8); "
+                             "default: the artifact's")
+
+
 def load_float_model(args: argparse.Namespace, name: str, mmap: bool = False, device: "str | None" = None):
     """LoadedModel for ``name`` on the requested device/dtype (``mmap``: see ``load_model``).
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from ptq_protein.cli.common import add_runtime_options, resolve_device, show_progress
 from ptq_protein.cli.models_arg import (
     MODEL_HELP,
+    add_backend_option,
     add_model_options,
     artifact_identity,
     check_model_or_artifact,
@@ -28,8 +29,6 @@ rows with one score column added; without it, every single mutant (mutant,SCORE)
 
 
 def register(subparsers) -> None:
-    from ptq_protein.workloads.variant_scores import DEFAULT_TOKS_PER_BATCH, Strategy
-
     p = subparsers.add_parser("score", help="variant effect scores of one sequence (fair-esm predict.py)",
                               description="Score mutants of a sequence with an ESM-2 model or artifact: a DMS CSV's "
                                           "rows, or every single mutant with a heatmap.",
@@ -39,22 +38,27 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, help="output CSV (refused if it exists, unless --force)")
     p.add_argument("--dms", metavar="CSV", help="deep mutational scan to score (never modified); without it, every "
                                                 "single mutant is scored")
-    p.add_argument("--mutation-col", default="mutant", help="the DMS column naming mutants (default: mutant)")
-    p.add_argument("--offset-idx", type=int, default=1, metavar="N",
-                   help="the number of the sequence's first residue in mutant names (default: 1; fair-esm's "
-                        "predict.py defaults to 0)")
-    p.add_argument("--strategy", default=Strategy.MASKED_MARGINALS.value, choices=[s.value for s in Strategy],
-                   help="predict.py's scoring strategy (default: masked-marginals)")
+    add_scoring_options(p)
     p.add_argument("--score-col", metavar="NAME", help="name of the score column (default: MODEL_STRATEGY)")
-    p.add_argument("--toks-per-batch", type=int, default=DEFAULT_TOKS_PER_BATCH,
-                   help=f"tokens per forward for the masked copies (default: {DEFAULT_TOKS_PER_BATCH})")
     p.add_argument("--force", action="store_true", help="replace an existing --out (and its figures)")
-    p.add_argument("--backend", choices=["fake", "int8"],
-                   help="artifacts: run the quantized layers simulated (fake) or with integer GEMMs (int8); "
-                        "default: the artifact's")
+    add_backend_option(p)
     add_model_options(p)
     add_runtime_options(p)
     p.set_defaults(func=run)
+
+
+def add_scoring_options(p: argparse.ArgumentParser) -> None:
+    """--strategy, --mutation-col, --offset-idx, --toks-per-batch (score and eval variants)."""
+    from ptq_protein.workloads.variant_scores import DEFAULT_TOKS_PER_BATCH, Strategy
+
+    p.add_argument("--strategy", default=Strategy.MASKED_MARGINALS.value, choices=[s.value for s in Strategy],
+                   help="fair-esm predict.py's scoring strategy (default: masked-marginals)")
+    p.add_argument("--mutation-col", default="mutant", help="the DMS column naming mutants (default: mutant)")
+    p.add_argument("--offset-idx", type=int, default=1, metavar="N",
+                   help="the number of a sequence's first residue in mutant names (default: 1; fair-esm's "
+                        "predict.py defaults to 0)")
+    p.add_argument("--toks-per-batch", type=int, default=DEFAULT_TOKS_PER_BATCH,
+                   help=f"tokens per forward for the masked copies (default: {DEFAULT_TOKS_PER_BATCH})")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -26,15 +26,6 @@ def fasta(tmp_path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def artifact(tmp_path_factory, esm2) -> Path:
-    import ptq_protein as pp
-
-    folder = tmp_path_factory.mktemp("art") / "w8a8"
-    pp.save(pp.quantize(esm2, "w8a8-uniform", calibration=list(SEQS.values())), folder)
-    return folder
-
-
 def embed(*args) -> int:
     return main(["embed", *map(str, args), "--quiet"])
 

@@ -33,15 +33,6 @@ def dms(tmp_path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def artifact(tmp_path_factory, esm2) -> Path:
-    import ptq_protein as pp
-
-    folder = tmp_path_factory.mktemp("art") / "w8a8"
-    pp.save(pp.quantize(esm2, "w8a8-uniform", calibration=[SEQ, SEQ[::-1]]), folder)
-    return folder
-
-
 @pytest.mark.parametrize("strategy", ["wt-marginals", "masked-marginals", "pseudo-ppl"])
 def test_dms_rows_come_back_with_one_score_column(tmp_path, dms, esm2, strategy):
     out = tmp_path / "scored.csv"
