@@ -49,7 +49,7 @@ def register(subparsers) -> None:
 
 def add_scoring_options(p: argparse.ArgumentParser) -> None:
     """--strategy, --mutation-col, --offset-idx, --toks-per-batch (score and eval variants)."""
-    from ptq_protein.workloads.variant_scores import DEFAULT_TOKS_PER_BATCH, Strategy
+    from ptq_protein.workloads.score_strategy import DEFAULT_TOKS_PER_BATCH, Strategy
 
     p.add_argument("--strategy", default=Strategy.MASKED_MARGINALS.value, choices=[s.value for s in Strategy],
                    help="fair-esm predict.py's scoring strategy (default: masked-marginals)")

@@ -25,7 +25,6 @@ Pure functions of a model and a sequence: float and quantized models run alike
 
 from __future__ import annotations
 
-import enum
 import logging
 from dataclasses import dataclass
 from typing import Dict, List, Sequence
@@ -37,35 +36,13 @@ from ptq_protein.models.lm_outputs import lm_forward, lm_info, lm_tokens
 from ptq_protein.models.tokens import esm_vocab
 from ptq_protein.progress import progress as progress_of
 from ptq_protein.workloads.mutants import AMINO_ACIDS, Mutant, mutate
+from ptq_protein.workloads.score_strategy import DEFAULT_TOKS_PER_BATCH, Strategy
 from ptq_protein.workloads.token_batches import token_batches
 
 __all__ = ["Strategy", "SingleMutantScores", "position_log_probs", "pseudo_log_likelihoods", "score_mutants",
            "single_mutant_scores", "marginal_grid", "marginal_score", "DEFAULT_TOKS_PER_BATCH"]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_TOKS_PER_BATCH = 4096  # as ptq-protein embed (fair-esm extract.py's default)
-
-
-class Strategy(str, enum.Enum):
-    """predict.py's ``--scoring-strategy`` choices."""
-
-    WT_MARGINALS = "wt-marginals"
-    MASKED_MARGINALS = "masked-marginals"
-    PSEUDO_PPL = "pseudo-ppl"
-
-    @classmethod
-    def parse(cls, value: "str | Strategy") -> "Strategy":
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(f"unknown scoring strategy {value!r}; choose from "
-                             f"{', '.join(s.value for s in cls)}") from None
-
-    @property
-    def marginal(self) -> bool:
-        """Scores read from one table of per-position log-probabilities of the wild type."""
-        return self is not Strategy.PSEUDO_PPL
 
 
 @dataclass(frozen=True)
