@@ -26,14 +26,17 @@ def plot_scatter(rows: Sequence[Mapping[str, Any]], recipes: Sequence[str], metr
 
     ``metric`` / ``fidelity`` are :class:`~ptq_protein.eval.bench.summary.MetricSpec`; ``fidelity`` is a
     per-target agreement with the FP prediction (e.g. ``tm_fidelity``), drawn for every recipe but the
-    reference. Returns the PNG path; the PDF and SVG are written beside it.
+    reference. A ``metric`` that is itself a comparison with the reference (``compare_to_fp`` off) gets no
+    scatter panels when a ``fidelity`` panel is drawn. Returns the PNG path; the PDF and SVG are written beside it.
     """
     plt = _pyplot()
     others = [r for r in recipes if r != reference] or [reference]
-    panels = len(others) + (fidelity is not None)
+    # A metric that is itself a comparison with the reference (compare_to_fp off) has nothing to scatter against it.
+    scattered = others if metric.compare_to_fp or fidelity is None else []
+    panels = len(scattered) + (fidelity is not None)
     fig, axes = plt.subplots(1, panels, figsize=(_PANEL_IN * panels, _PANEL_IN + 0.4), squeeze=False)
     ref = values_of(rows, reference, metric.column)
-    for ax, recipe in zip(axes.flat, others):
+    for ax, recipe in zip(axes.flat, scattered):
         mine = values_of(rows, recipe, metric.column)
         paired = sorted(set(mine) & set(ref))
         xs, ys = [ref[t] for t in paired], [mine[t] for t in paired]

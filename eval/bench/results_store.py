@@ -59,7 +59,7 @@ KEY_COLUMNS = ("target", "recipe")
 STATUS_OK = "ok"
 _DONE_PREFIXES = (STATUS_OK, "skipped")
 _STATUS_PREFIXES = (STATUS_OK, "skipped", "error")
-TEXT_COLUMNS = ("pdb", "contacts")  # non-numeric cells besides the key and status (output file paths)
+TEXT_COLUMNS = ("pdb", "contacts", "variants")  # non-numeric cells besides the key and status (output file paths)
 RUN_INFO_NAME = "run.json"
 
 Key = Tuple[str, str]  # (recipe, target)

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-from typing import Any, Dict
 
 from ptq_protein.cli.common import add_runtime_options, parse_memory_size, resolve_device, show_progress
-from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, is_artifact, load_float_model
+from ptq_protein.cli.models_arg import (
+    MODEL_HELP,
+    add_backend_option,
+    add_model_options,
+    artifact_identity,
+    check_model_or_artifact,
+    load_model_or_artifact,
+)
 
 EXAMPLES = """examples:
   ptq-protein embed esm2_t33_650M_UR50D seqs.fasta --out emb/ --repr-layers -1 --include mean
@@ -46,9 +51,7 @@ def register(subparsers) -> None:
                                                   "each rank takes its share without it")
     p.add_argument("--max-memory", metavar="SIZE",
                    help="memory the run may use, e.g. 8G (default: what this machine has available)")
-    p.add_argument("--backend", choices=["fake", "int8"],
-                   help="artifacts: run the quantized layers simulated (fake) or with integer GEMMs (int8); "
-                        "default: the artifact's")
+    add_backend_option(p)
     add_model_options(p)
     add_runtime_options(p)
     p.set_defaults(func=run)
@@ -66,54 +69,18 @@ def run(args: argparse.Namespace) -> int:
         from ptq_protein.workloads.embed_h5 import require_h5py
 
         require_h5py()
-    artifact = is_artifact(args.model)
-    if artifact:
-        given = [o for o, v in (("--weights", args.weights), ("--dtype", args.dtype)) if v is not None]
-        if given:
-            raise ValueError(f"{' and '.join(given)} cannot apply to an artifact ({args.model} carries its own "
-                             "weights and dtypes); drop the option, or embed with the float model instead")
-    elif args.backend is not None:
-        raise ValueError(f"--backend applies to artifacts; {args.model} is a float model (drop --backend, or "
-                         "quantize it first)")
+    artifact = check_model_or_artifact(args, "embed")
     shard = choose_shard(args.shard)
     device = rank_device(resolve_device(args.device))
-    hint = _artifact_identity(args.model) if artifact else {"name": args.model}
+    hint = artifact_identity(args.model) if artifact else {"name": args.model}
     job = EmbedRun(fasta_labels(args.fasta), args.out, options, shard,
                    {"backend": args.backend, "dtype": args.dtype or "float32"}, model_hint=hint)
-    model, identity = _load(args, artifact, device)
+    model, identity = load_model_or_artifact(args, artifact, device)
     report = job.run(model, identity, max_memory, show_progress=show_progress(args))
     _summary(report, args.out, shard)
     for reason in report.refused.values():
         print(f"ptq-protein embed: not embedded: {reason}", file=sys.stderr)
     return 2 if report.refused else 0
-
-
-def _load(args: argparse.Namespace, artifact: bool, device: str):
-    """(model, identity): what the output folder records of it (names and digests, never a local path)."""
-    if artifact:
-        import ptq_protein as pp
-
-        return pp.load(args.model, device=device, backend=args.backend), _artifact_identity(args.model)
-    loaded = load_float_model(args, args.model, device=device)
-    return loaded.model, {"name": loaded.name, "sha256": loaded.source_sha256, "recipe": "fp",
-                          "source": loaded.source if loaded.source.startswith("tiny:") else Path(loaded.source).name}
-
-
-def _artifact_identity(folder: str) -> Dict[str, Any]:
-    """An artifact's tensor digest, recipe and source model, from its recipe.json (verified at load); not its
-    path, so a moved or renamed artifact resumes its folder."""
-    import json
-
-    try:
-        recipe = json.loads((Path(folder) / "recipe.json").read_text())
-    except (OSError, ValueError, RecursionError) as err:
-        raise ValueError(f"{folder}/recipe.json is not readable JSON ({type(err).__name__}); re-run quantize") from err
-    if not isinstance(recipe, dict):
-        raise ValueError(f"{folder}/recipe.json is not a recipe object; re-run quantize")
-    config, source = recipe.get("config"), recipe.get("model")
-    return {"tensors_sha256": recipe.get("tensors_sha256"),
-            "recipe": config.get("name") if isinstance(config, dict) else None,
-            "source": source.get("name") if isinstance(source, dict) else None}
 
 
 def _summary(report, out: str, shard) -> None:

@@ -1,4 +1,4 @@
-"""``ptq-protein eval structure|contacts``: a model and a list of recipes -> a results table on a benchmark set."""
+"""``ptq-protein eval structure|contacts|variants``: a model and a list of recipes -> a results table on a set."""
 
 from __future__ import annotations
 
@@ -26,9 +26,11 @@ EXAMPLES = """examples:
   ptq-protein eval contacts --model esm2_t33_650M_UR50D --recipes fp,w8a8-pwlq --set cameo139 --out runs/contacts
   ptq-protein eval structure --model tiny-esmfold --recipes fp,w8a8-pwlq --set cameo139 --limit 5 --out runs/tiny
   ptq-protein eval structure --model esmfold --set my.fasta:natives/ --out runs/mine   # your own set
+  ptq-protein eval variants --model esm2_t33_650M_UR50D --set blat.fasta --dms BLAT_ECOLX.csv --out runs/var
 
 Outputs in --out: results.csv (one row per target x recipe), summary.md, fp_vs_quantized.png,
-pdb/<recipe>/<target>.pdb (structure) or contacts/<recipe>/<target>.npy (contacts), run.json.
+pdb/<recipe>/<target>.pdb (structure), contacts/<recipe>/<target>.npy (contacts) or
+variants/<recipe>/<target>.npy (variants: every single mutant's score, [L, 20]), run.json.
 Rerunning the same command resumes: finished rows are neither redone nor duplicated.
 Across processes or GPUs (targets x recipes shared; resumable with any N):
   torchrun --nproc-per-node 4 -m ptq_protein.cli.main eval structure --model esmfold --device cuda --out runs/eval
@@ -39,7 +41,7 @@ TINY_NOTE = ("tiny random model: these numbers check the toolkit end to end; the
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("eval", help="evaluate recipes on a benchmark set (structure or contacts)",
+    p = subparsers.add_parser("eval", help="evaluate recipes on a benchmark set (structure, contacts, variants)",
                               description="Evaluate FP and quantized recipes on a benchmark set; resumable.",
                               epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="eval_kind", metavar="KIND", required=True)
@@ -53,6 +55,20 @@ def register(subparsers) -> None:
                               epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(contacts, default_recipes="fp,w8a8-pwlq")
     contacts.set_defaults(func=run, eval_kind="contacts", num_recycles=None, tm_normalize="native")
+    _add_variants(sub)
+
+
+def _add_variants(sub) -> None:
+    from ptq_protein.cli.score_cmd import add_scoring_options
+
+    variants = sub.add_parser("variants", help="variant effect scores: Spearman vs FP (drift) and vs a DMS",
+                              epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_common(variants, default_recipes="fp,w8a8-pwlq")
+    add_scoring_options(variants)
+    variants.add_argument("--dms", metavar="CSV_OR_DIR",
+                          help="deep mutational scans with a DMS_score column: one CSV (a set of one target) or a "
+                               "folder of <target id>.csv; adds Spearman vs experiment")
+    variants.set_defaults(func=run, eval_kind="variants", num_recycles=None, tm_normalize="native")
 
 
 def _add_common(p: argparse.ArgumentParser, default_recipes: str) -> None:
@@ -86,16 +102,17 @@ def run(args: argparse.Namespace) -> int:
     if Path(args.out).is_file() or not args.out.strip():
         raise ValueError(f"--out {args.out!r} must name a folder (an earlier run there is resumed)")
     bench = _select(args)
+    task = _variants_task(args, bench) if args.eval_kind == "variants" else {}  # DMS files checked before loading
     device = resolve_device(args.device)
     with process_group(device) as ranks:  # one process unless launched by torchrun
         _label_logs(ranks)
-        result = _evaluate(args, bench, recipes, ranks)
+        result = _evaluate(args, bench, recipes, ranks, task)
         if ranks.is_main:
             _report(args, result)
     return 0
 
 
-def _evaluate(args: argparse.Namespace, bench, recipes, ranks) -> Dict[str, Any]:
+def _evaluate(args: argparse.Namespace, bench, recipes, ranks, task: Dict[str, Any]) -> Dict[str, Any]:
     from ptq_protein.eval.bench.runner import RunOptions
     from ptq_protein.models.adapters import ESM2_MAX_RESIDUES
 
@@ -113,9 +130,22 @@ def _evaluate(args: argparse.Namespace, bench, recipes, ranks) -> Dict[str, Any]
     note = TINY_NOTE if str(loaded.source).startswith("tiny:") else ""
     if args.eval_kind == "structure":
         from ptq_protein.eval.bench.structure_task import evaluate_structure as evaluate
-    else:
+    elif args.eval_kind == "contacts":
         from ptq_protein.eval.bench.contacts_task import evaluate_contacts as evaluate
-    return evaluate(loaded.model, bench, recipes, Path(args.out), options, run_info=run_info, note=note, ranks=ranks)
+    else:
+        from ptq_protein.eval.bench.variants_task import evaluate_variants as evaluate
+    return evaluate(loaded.model, bench, recipes, Path(args.out), options, run_info=run_info, note=note, ranks=ranks,
+                    **task)
+
+
+def _variants_task(args: argparse.Namespace, bench) -> Dict[str, Any]:
+    """``evaluate_variants``' scoring options and DMS assays, every mutant parsed against its target."""
+    from ptq_protein.eval.bench.dms_assays import load_assays
+    from ptq_protein.eval.bench.variants_task import VariantOptions
+
+    scoring = VariantOptions(args.strategy, args.toks_per_batch)
+    assays = load_assays(args.dms, bench, args.mutation_col, args.offset_idx) if args.dms else {}
+    return {"scoring": scoring, "assays": assays}
 
 
 def _label_logs(ranks) -> None:

@@ -20,6 +20,7 @@ _COMMAND_MODULES = (
     "ptq_protein.cli.quantize_cmd",
     "ptq_protein.cli.fold_cmd",
     "ptq_protein.cli.embed_cmd",
+    "ptq_protein.cli.score_cmd",
     "ptq_protein.cli.inspect_cmd",
     "ptq_protein.cli.eval_cmd",
     "ptq_protein.cli.sensitivity_cmd",

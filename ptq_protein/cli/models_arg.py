@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any, Dict, Tuple
 
 MODEL_HELP = ("model name (tiny-esm2, tiny-esm2-hf, tiny-esmfold, esm2_t33_650M_UR50D, esmfold, "
               "facebook/esm2_t6_8M_UR50D, "
@@ -14,6 +15,13 @@ _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", metavar="PATH", help="checkpoint file or folder to use instead of the caches")
+
+
+def add_backend_option(parser: argparse.ArgumentParser) -> None:
+    """--backend, for commands that run a float model or an artifact (embed, score)."""
+    parser.add_argument("--backend", choices=["fake", "int8"],
+                        help="artifacts: run the quantized layers simulated (fake) or with integer GEMMs (int8); "
+                             "default: the artifact's")
 
 
 def load_float_model(args: argparse.Namespace, name: str, mmap: bool = False, device: "str | None" = None):
@@ -35,3 +43,45 @@ def load_float_model(args: argparse.Namespace, name: str, mmap: bool = False, de
 
 def is_artifact(path: str) -> bool:
     return (Path(path) / "recipe.json").exists()
+
+
+def check_model_or_artifact(args: argparse.Namespace, command: str) -> bool:
+    """True for an artifact folder; refuses options that cannot apply to what ``args.model`` is (before it loads)."""
+    if is_artifact(args.model):
+        given = [o for o, v in (("--weights", args.weights), ("--dtype", args.dtype)) if v is not None]
+        if given:
+            raise ValueError(f"{' and '.join(given)} cannot apply to an artifact ({args.model} carries its own "
+                             f"weights and dtypes); drop the option, or {command} with the float model instead")
+        return True
+    if args.backend is not None:
+        raise ValueError(f"--backend applies to artifacts; {args.model} is a float model (drop --backend, or "
+                         "quantize it first)")
+    return False
+
+
+def load_model_or_artifact(args: argparse.Namespace, artifact: bool, device: str) -> Tuple[Any, Dict[str, Any]]:
+    """(model, identity): what an output records of it (names and digests, never a local path)."""
+    if artifact:
+        import ptq_protein as pp
+
+        return pp.load(args.model, device=device, backend=args.backend), artifact_identity(args.model)
+    loaded = load_float_model(args, args.model, device=device)
+    return loaded.model, {"name": loaded.name, "sha256": loaded.source_sha256, "recipe": "fp",
+                          "source": loaded.source if loaded.source.startswith("tiny:") else Path(loaded.source).name}
+
+
+def artifact_identity(folder: str) -> Dict[str, Any]:
+    """An artifact's tensor digest, recipe and source model, from its recipe.json (verified at load); not its
+    path, so a moved or renamed artifact resumes its folder."""
+    import json
+
+    try:
+        recipe = json.loads((Path(folder) / "recipe.json").read_text())
+    except (OSError, ValueError, RecursionError) as err:
+        raise ValueError(f"{folder}/recipe.json is not readable JSON ({type(err).__name__}); re-run quantize") from err
+    if not isinstance(recipe, dict):
+        raise ValueError(f"{folder}/recipe.json is not a recipe object; re-run quantize")
+    config, source = recipe.get("config"), recipe.get("model")
+    return {"tensors_sha256": recipe.get("tensors_sha256"),
+            "recipe": config.get("name") if isinstance(config, dict) else None,
+            "source": source.get("name") if isinstance(source, dict) else None}

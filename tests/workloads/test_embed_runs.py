@@ -26,15 +26,6 @@ def fasta(tmp_path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def artifact(tmp_path_factory, esm2) -> Path:
-    import ptq_protein as pp
-
-    folder = tmp_path_factory.mktemp("art") / "w8a8"
-    pp.save(pp.quantize(esm2, "w8a8-uniform", calibration=list(SEQS.values())), folder)
-    return folder
-
-
 def embed(*args) -> int:
     return main(["embed", *map(str, args), "--quiet"])
 
@@ -135,7 +126,7 @@ def test_memory_budget_splits_batches_and_refuses_what_cannot_fit(tmp_path, fast
 def test_bad_fasta_refused_before_the_model_loads(tmp_path, text, what, capsys, monkeypatch):
     from ptq_protein.cli import embed_cmd
 
-    monkeypatch.setattr(embed_cmd, "_load", lambda *a: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(embed_cmd, "load_model_or_artifact", lambda *a: pytest.fail("the model was loaded"))
     path = tmp_path / "bad.fasta"
     path.write_text(text)
     assert embed("tiny-esm2", path, "--out", tmp_path / "o") == 2
