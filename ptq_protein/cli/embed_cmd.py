@@ -28,7 +28,7 @@ ptq_protein.read_embeddings(OUT). Rerunning the same command computes only what 
 
 
 def register(subparsers) -> None:
-    from ptq_protein.workloads.embed import INCLUDE_CHOICES
+    from ptq_protein.workloads.embed_options import INCLUDE_CHOICES
 
     p = subparsers.add_parser("embed", help="embeddings (and contacts, logits) of every sequence of a FASTA",
                               description="Embed every sequence of a FASTA file with an ESM-2 model or artifact; "
@@ -58,7 +58,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ptq_protein.workloads.embed import EmbedOptions
+    from ptq_protein.workloads.embed_options import EmbedOptions
     from ptq_protein.workloads.embed_run import EmbedRun, fasta_labels
     from ptq_protein.workloads.shards import choose_shard, rank_device
 
