@@ -138,3 +138,25 @@ def test_bench_long_fold_longest_brackets_each_modes_measured_longest_length(mon
     fitted = max(r["length"] for r in fp32 if r["fits"])
     assert f"fp32-c32: measured to fit at L = {fitted}, over at L = {predicted['fp32-c32']}" in text
     assert f"> {truth['pair8-c16'] / predicted['fp32-c32']:.2f}x" in text
+
+
+def test_bench_embed_quick_judges_every_goal(capsys):
+    """Every row timed with its anchors, each 8-bit row's error, the score table and every goal judged."""
+    bench = _load("bench_embed")
+    assert bench.main(["--quick", "--threads", "1", "--presets", "w8a8-uniform", "w8a8-pwlq"]) == 0
+    out = capsys.readouterr().out
+    assert "avx" in out.lower() or "flags" in out.lower()  # the CPU's flags head the table
+    rows = {r[0]: r for r in _table_rows(out, "") if len(r) == 6 and r[1] != "residues/s" and r[1] != "---"}
+    anchors = [name for name in rows if name.endswith("[anchor]")]
+    assert len(anchors) == 3 and rows[anchors[0]][2] == "1.00x"
+    quantized = [r for name, r in rows.items() if "artifact, int8" in name]
+    assert len(quantized) == 2 and all(re.fullmatch(r"\d+\.\d\d%", r[5]) for r in quantized)
+    assert all(float(r[1]) > 0 and re.fullmatch(r"\d+\.\d%", r[4]) for name, r in rows.items()
+               if name.startswith("embed"))
+    assert re.search(r"goal >= 1\.6x: (met|missed)\), \d+\.\d\dx HF SDPA \(goal >= 1\.15x: (met|missed)", out) or \
+        "throughput goals missed" in out
+    score = [r for r in _table_rows(out, "") if len(r) == 4 and r[1] not in ("seconds", "---")]
+    assert [r[0].split(",")[-1].strip() for r in score[1:]] == ["FP32", "w8a8-uniform", "w8a8-pwlq"]
+    drift = float(score[-1][3])
+    assert 0.9 < drift <= 1.0  # random weights: a toolkit check (w8a8-pwlq keeps the ranking of mutants)
+    assert re.search(r"w8a8-pwlq drift Spearman \d\.\d{4} \(goal >= 0\.99: (met|missed)\)", out)
