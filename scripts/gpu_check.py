@@ -67,6 +67,8 @@ def main(argv=None) -> int:
     from gpu_check_report import Record
 
     device = torch.device("cpu" if args.cpu_smoke else "cuda")
+    if args.cpu_smoke:
+        torch.set_num_threads(1)  # tiny shapes: threads cost more than they save (and the test shares the CPU)
     budget = args.budget_s or (SMOKE_BUDGET_S if args.cpu_smoke else GPU_BUDGET_S)
     command = "python scripts/gpu_check.py" + "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv))
     record = Record(args.out, "cpu-smoke" if args.cpu_smoke else "gpu", command, budget)
