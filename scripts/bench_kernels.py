@@ -213,13 +213,14 @@ def _ratio(num, den) -> str:
 
 def gemm_table(rows: list[tuple[Case, dict]]) -> str:
     head = ("| model | layer | M | K | N | bf16 ms | bf16 TFLOP/s | fp16 ms | _int_mm ms | _int_mm TOP/s | W8A8 ms | "
-            "W8A8 TOP/s | W8A8 vs bf16 | W8A8 vs fp16 | W8A8 vs _int_mm | W8A8+quant ms | PWLQ ms | PWLQ TOP/s | W4A8 ms | "
-            "W4A8 TOP/s | FP8 ms | FP8 vs W8A8 |")
+            "W8A8 TOP/s | W8A8 vs bf16 | W8A8 vs fp16 | W8A8 vs _int_mm | W8A8+quant ms | PWLQ ms | PWLQ TOP/s | "
+            "W4A8 ms | W4A8 TOP/s | FP8 ms | FP8 vs W8A8 |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for c, r in rows:
         cells = [c.model, c.layer, c.m, c.k, c.n, _fmt(r["bf16"]), _tflops(c, r["bf16"]), _fmt(r["fp16"]),
                  _fmt(r["int_mm"]), _tflops(c, r["int_mm"]), _fmt(r["w8a8"]), _tflops(c, r["w8a8"]),
-                 _ratio(r["bf16"], r["w8a8"]), _ratio(r["fp16"], r["w8a8"]), _ratio(r["int_mm"], r["w8a8"]), _fmt(r["w8a8+quant"]), _fmt(r["pwlq"]), _tflops(c, r["pwlq"]),
+                 _ratio(r["bf16"], r["w8a8"]), _ratio(r["fp16"], r["w8a8"]), _ratio(r["int_mm"], r["w8a8"]),
+                 _fmt(r["w8a8+quant"]), _fmt(r["pwlq"]), _tflops(c, r["pwlq"]),
                  _fmt(r["w4a8"]), _tflops(c, r["w4a8"]), _fmt(r.get("fp8", "-")), _ratio(r["w8a8"], r.get("fp8"))]
         lines.append("| " + " | ".join(str(x) for x in cells) + " |")
     return "\n".join(lines)

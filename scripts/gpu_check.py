@@ -151,7 +151,7 @@ def check_kernels(record, device, deadline: float) -> None:
         if time.perf_counter() > deadline:
             record.step(name, "skipped: the kernels' share of the time budget is spent")
             continue
-        _guarded(record, name, lambda: record.data["kernels"].append(check_case(case, device, timed=True)))
+        _guarded(record, name, lambda c=case: record.data["kernels"].append(check_case(c, device, timed=True)))
 
 
 def check_e2e(record, device, args, deadline: float) -> None:
@@ -199,8 +199,8 @@ def _run_model(record, spec, device, deadline: float) -> None:
                               "per PWLQ fold)")
         elif time.perf_counter() > deadline:
             record.step(name, "skipped: time budget spent")
-        elif not _guarded(record, name, lambda: record.data["e2e"].append(
-                {**runs[0].measure_recipe(recipe), "status": "done"})):
+        elif not _guarded(record, name, lambda r=recipe: record.data["e2e"].append(
+                {**runs[0].measure_recipe(r), "status": "done"})):
             record.data["e2e"].append({"model": spec.name, "recipe": recipe, "status": "failed"})
             record.save()
     runs[0].close()
