@@ -58,6 +58,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.cpu_smoke:
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported: triton.jit reads it when it decorates
+    elif os.environ.pop("TRITON_INTERPRET", ""):
+        print("gpu_check: TRITON_INTERPRET unset: a GPU run checks the compiled kernels")
     import torch
 
     if not args.cpu_smoke and not torch.cuda.is_available():
@@ -79,6 +81,8 @@ def main(argv=None) -> int:
     deadline = record.start + budget
     check_kernels(record, device, record.start + KERNEL_SHARE * budget)
     check_e2e(record, device, args, deadline)
+    record.data["finished"] = True  # absent or false: the run was cut short
+    record.save()
     print("\n" + (args.out / "gpu_check.md").read_text(encoding="utf-8"))
     failed = [s["step"] for s in record.data["steps"] if s["status"].startswith("failed")]
     inexact = [r for r in record.data["kernels"] if not all(r["exact"].values())]

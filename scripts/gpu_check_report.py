@@ -35,7 +35,7 @@ class Record:
         self.data: Dict[str, Any] = {
             "schema": SCHEMA, "mode": mode, "command": command, "budget_s": budget_s,
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "elapsed_s": 0.0,
-            "environment": {}, "steps": [], "kernels": [], "e2e": [], "goals": [],
+            "finished": False, "environment": {}, "steps": [], "kernels": [], "e2e": [], "goals": [],
         }
 
     @property
@@ -91,7 +91,7 @@ def markdown(data: dict) -> str:
     env = data["environment"]
     parts = [f"# gpu_check ({data['mode']})", "",
              f"`{data['command']}`; started {data['started_utc']}, {data['elapsed_s']} s of a "
-             f"{data['budget_s']} s budget.", ""]
+             f"{data['budget_s']} s budget{'' if data['finished'] else '; not finished (yet, or cut short)'}.", ""]
     parts += [f"- {key}: {value}" for key, value in env.items() if key != "cpu_flags"]
     if not data["mode"] == "gpu":
         parts += ["", "Interpreter run (TRITON_INTERPRET=1): correctness only; its times say nothing about speed."]

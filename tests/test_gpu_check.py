@@ -40,7 +40,7 @@ def _smoke(out: Path, *extra: str) -> dict:
 
 def test_cpu_smoke_writes_every_step_exact_and_unjudged(tmp_path):
     data = _smoke(tmp_path)
-    assert data["mode"] == "cpu-smoke" and data["environment"]["TRITON_INTERPRET"] == "1"
+    assert data["mode"] == "cpu-smoke" and data["finished"] and data["environment"]["TRITON_INTERPRET"] == "1"
     assert data["environment"]["triton"] != "not installed" and data["environment"]["torch"]
     steps = {s["step"]: s["status"] for s in data["steps"]}
     assert not [s for s in steps.values() if s.startswith("failed")], steps
