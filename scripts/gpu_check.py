@@ -199,8 +199,8 @@ def _run_model(record, spec, device, deadline: float) -> None:
     for recipe in e2e.RECIPES:
         name = f"e2e {spec.name} {recipe}"
         if recipe not in spec.recipes:
-            record.step(name, "skipped: --cpu-smoke folds with w8a8-uniform only (the interpreter takes minutes "
-                              "per PWLQ fold)")
+            record.step(name, "skipped: --cpu-smoke folds with w8a8-uniform only (a PWLQ fold takes the "
+                              "interpreter 40-50 s on 2 CPU cores)")
         elif time.perf_counter() > deadline:
             record.step(name, "skipped: time budget spent")
         elif not _guarded(record, name, lambda r=recipe: record.data["e2e"].append(
