@@ -144,6 +144,7 @@ def _run(cmd: List[str]) -> str:
 
 def check_kernels(record, device, deadline: float) -> None:
     """Step 2: every shape (3B first: the goal's shapes), until the kernels' share of the budget is spent."""
+    import torch
     from bench_kernels import Case, cases
     from gpu_check_kernels import check_case
 
@@ -156,6 +157,8 @@ def check_kernels(record, device, deadline: float) -> None:
             record.step(name, "skipped: the kernels' share of the time budget is spent")
             continue
         _guarded(record, name, lambda c=case: record.data["kernels"].append(check_case(c, device, timed=True)))
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # each shape's operands go before the next, larger one
 
 
 def check_e2e(record, device, args, deadline: float) -> None:
