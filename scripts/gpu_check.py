@@ -197,11 +197,12 @@ def _run_model(record, spec, device, deadline: float) -> None:
         runs.append(e2e.ModelRun(spec, device))
         runs[0].measure_baseline()
 
-    if not _guarded(record, f"e2e {spec.name} baseline", build):
-        return
+    built = _guarded(record, f"e2e {spec.name} baseline", build)
     for recipe in e2e.RECIPES:
         name = f"e2e {spec.name} {recipe}"
-        if recipe not in spec.recipes:
+        if not built:
+            record.step(name, "skipped: the model's baseline step failed")
+        elif recipe not in spec.recipes:
             record.step(name, "skipped: --cpu-smoke folds with w8a8-uniform only (a PWLQ fold takes the "
                               "interpreter 40-50 s on 2 CPU cores)")
         elif time.perf_counter() > deadline:
@@ -210,7 +211,8 @@ def _run_model(record, spec, device, deadline: float) -> None:
                 {**runs[0].measure_recipe(r), "status": "done"})):
             record.data["e2e"].append({"model": spec.name, "recipe": recipe, "status": "failed"})
             record.save()
-    runs[0].close()
+    if runs:
+        runs[0].close()
 
 
 def _guarded(record, name: str, fn: Callable[[], object]) -> bool:
@@ -220,8 +222,10 @@ def _guarded(record, name: str, fn: Callable[[], object]) -> bool:
     try:
         fn()
     except Exception as e:  # one failing step must not cost the others
-        last = traceback.format_exc().strip().splitlines()[-1]
-        record.step(name, f"failed: {type(e).__name__}: {str(e)[:200] or last}", time.perf_counter() - start)
+        trace = traceback.format_exc()
+        print(trace, flush=True)
+        record.step(name, f"failed: {type(e).__name__}: {str(e)[:200]}", time.perf_counter() - start,
+                    detail=trace[-4000:])
         return False
     record.step(name, "done", time.perf_counter() - start)
     return True

@@ -42,9 +42,12 @@ class Record:
     def gpu(self) -> bool:
         return self.data["mode"] == "gpu"
 
-    def step(self, name: str, status: str, seconds: float = 0.0) -> None:
-        """One line of the step log: ``status`` is "done", "skipped: why" or "failed: why"."""
-        self.data["steps"].append({"step": name, "status": status, "seconds": round(seconds, 2)})
+    def step(self, name: str, status: str, seconds: float = 0.0, detail: Optional[str] = None) -> None:
+        """One line of the step log: ``status`` "done", "skipped: why" or "failed: why"; ``detail``: a traceback."""
+        entry = {"step": name, "status": status, "seconds": round(seconds, 2)}
+        if detail is not None:
+            entry["traceback"] = detail
+        self.data["steps"].append(entry)
         self.save()
 
     def save(self) -> None:

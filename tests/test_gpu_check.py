@@ -105,3 +105,13 @@ def test_record_rewrites_after_every_step_and_judges_gpu_numbers(tmp_path):
 def test_without_gpu_or_smoke_flag_says_so(tmp_path, capsys):
     assert _load("gpu_check").main(["--out", str(tmp_path)]) == 2
     assert "no CUDA device" in capsys.readouterr().out
+
+
+def test_a_failing_step_is_recorded_with_its_traceback_and_the_run_goes_on(tmp_path):
+    check, report = _load("gpu_check"), _load("gpu_check_report")
+    record = report.Record(tmp_path, "gpu", "python scripts/gpu_check.py", 420.0)
+    assert check._guarded(record, "boom", lambda: 1 / 0) is False
+    assert check._guarded(record, "fine", lambda: None) is True
+    boom, fine = json.loads((tmp_path / "gpu_check.json").read_text())["steps"]
+    assert boom["status"].startswith("failed: ZeroDivisionError") and "1 / 0" in boom["traceback"]
+    assert fine["status"] == "done" and "traceback" not in fine
