@@ -92,8 +92,8 @@ class ModelRun:
         weights = _growth(before, self.cuda)
         del model
         _release(self.cuda)
-        self.baseline = {"baseline": str(self.spec.baseline_dtype).replace("torch.", ""), "bf16_ms": ms,
-                         "bf16_weights_gib": weights, "bf16_peak_gib": _plus(weights, extra),
+        self.baseline = {"baseline": str(self.spec.baseline_dtype).replace("torch.", ""), "baseline_ms": ms,
+                         "baseline_weights_gib": weights, "baseline_peak_gib": _plus(weights, extra),
                          "baseline_rel_err_vs_fp32": rel}
         return self.baseline
 
@@ -115,7 +115,7 @@ class ModelRun:
             if not self.spec.structure:
                 qmodel.to(self.spec.baseline_dtype)
                 row["int8_rel_err_in_baseline_dtype"] = _agreement(out_fake, self.forward(qmodel), self.spec)["rel_err"]
-            row["int8_bf16_ms"], extra = self._timed(qmodel)
+            row["int8_ms"], extra = self._timed(qmodel)
             row["int8_weights_gib"] = _growth(before, self.cuda)
             row["int8_peak_gib"] = _plus(row["int8_weights_gib"], extra)
         del qmodel
