@@ -3,7 +3,7 @@
 
 Prints markdown tables: per GEMM shape the time (``triton.testing.do_bench``,
 median ms) and TFLOP/s of torch bf16 (cuBLAS), ``torch._int_mm`` (int32 out),
-our W8A8 GEMM (fused epilogue, bf16 out), W8A8 with its per-token activation
+torch fp16 (cuBLAS), our W8A8 GEMM (fused epilogue, bf16 out), W8A8 with its per-token activation
 quantization, the PWLQ GEMM (symmetric 3-region codebook) and W4A8; then peak
 GPU memory and forward time of a randomly initialised ESM-2 3B-sized model in
 bf16 vs W8A8 (every ``nn.Linear`` in the transformer layers swapped for
@@ -36,7 +36,7 @@ LARGE_M = 4096
 ESM_M = (512, 4096, 8192)  # batch x length: 1 x 512, 8 x 512, 16 x 512
 PAIR_M = (4096, 8100)  # ESMFold pair rows L^2 for L = 64, 90
 SEQ_M = (90, 1024)
-IMPLS = ("bf16", "int_mm", "w8a8", "w8a8+quant", "pwlq", "w4a8")
+IMPLS = ("bf16", "fp16", "int_mm", "w8a8", "w8a8+quant", "pwlq", "w4a8")
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,7 @@ def gemm_row(case: Case, device, cuda: bool) -> dict:
     book = _pwlq_book()
     pw_codes = torch.randint(-127, 128, (case.m, case.k), device=device, dtype=torch.int8, generator=gen)
     w_qt = w_q.t()
+    x16, w16, b16 = x.half(), w.half(), b.half()
 
     def w8a8_dynamic():
         q, s, _ = quantize_per_token(x)
@@ -122,6 +123,7 @@ def gemm_row(case: Case, device, cuda: bool) -> dict:
 
     impls = {
         "bf16": lambda: F.linear(x, w, b),
+        "fp16": lambda: F.linear(x16, w16, b16),
         "int_mm": lambda: torch._int_mm(x_q, w_qt),
         "w8a8": lambda: int8_linear(x_q, x_s, None, w_q, w_s, b, colsum, out_dtype=torch.bfloat16),
         "w8a8+quant": w8a8_dynamic,
@@ -210,14 +212,15 @@ def _ratio(num, den) -> str:
 
 
 def gemm_table(rows: list[tuple[Case, dict]]) -> str:
-    head = ("| model | layer | M | K | N | bf16 ms | bf16 TFLOP/s | _int_mm ms | _int_mm TOP/s | W8A8 ms | "
-            "W8A8 TOP/s | W8A8 vs bf16 | W8A8 vs _int_mm | W8A8+quant ms | PWLQ ms | PWLQ TOP/s | W4A8 ms | "
-            "W4A8 TOP/s | FP8 ms | FP8 vs W8A8 |")
+    head = ("| model | layer | M | K | N | bf16 ms | bf16 TFLOP/s | fp16 ms | _int_mm ms | _int_mm TOP/s | W8A8 ms | "
+            "W8A8 TOP/s | W8A8 vs bf16 | W8A8 vs fp16 | W8A8 vs _int_mm | W8A8+quant ms | PWLQ ms | PWLQ TOP/s | "
+            "W4A8 ms | W4A8 TOP/s | FP8 ms | FP8 vs W8A8 |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for c, r in rows:
-        cells = [c.model, c.layer, c.m, c.k, c.n, _fmt(r["bf16"]), _tflops(c, r["bf16"]), _fmt(r["int_mm"]),
-                 _tflops(c, r["int_mm"]), _fmt(r["w8a8"]), _tflops(c, r["w8a8"]), _ratio(r["bf16"], r["w8a8"]),
-                 _ratio(r["int_mm"], r["w8a8"]), _fmt(r["w8a8+quant"]), _fmt(r["pwlq"]), _tflops(c, r["pwlq"]),
+        cells = [c.model, c.layer, c.m, c.k, c.n, _fmt(r["bf16"]), _tflops(c, r["bf16"]), _fmt(r["fp16"]),
+                 _fmt(r["int_mm"]), _tflops(c, r["int_mm"]), _fmt(r["w8a8"]), _tflops(c, r["w8a8"]),
+                 _ratio(r["bf16"], r["w8a8"]), _ratio(r["fp16"], r["w8a8"]), _ratio(r["int_mm"], r["w8a8"]),
+                 _fmt(r["w8a8+quant"]), _fmt(r["pwlq"]), _tflops(c, r["pwlq"]),
                  _fmt(r["w4a8"]), _tflops(c, r["w4a8"]), _fmt(r.get("fp8", "-")), _ratio(r["w8a8"], r.get("fp8"))]
         lines.append("| " + " | ".join(str(x) for x in cells) + " |")
     return "\n".join(lines)
