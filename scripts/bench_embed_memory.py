@@ -4,7 +4,8 @@ Random weights in fair-esm's published layout (``make_random_checkpoints.py``, u
 committed): a toolkit measurement, not biology. Each row runs in a fresh process under ``/usr/bin/time -v``
 ("Maximum resident set size") over the same FASTA (the first ``SEQS`` bundled sequences, whole):
 
-* fair-esm ``scripts/extract.py``'s loop: ``load_model_and_alphabet_local`` (what users call), FP32;
+* fair-esm ``scripts/extract.py``'s loop: ``load_model_and_alphabet_core`` on the loaded file (what
+  ``load_model_and_alphabet_local`` does, without the contact-regression file), FP32;
 * ``ptq-protein embed`` on the same checkpoint (FP32);
 * ``ptq-protein embed`` on its ``w8a8-uniform`` artifact, ``backend="int8"``, quantized with ``--low-memory``
   (streaming writes ``fake`` artifacts: ``embed --backend int8`` runs them on integer GEMMs).
@@ -32,7 +33,9 @@ RECIPE = "w8a8-uniform"
 _FAIR_ESM_LOOP = """
 import argparse, sys, torch, esm
 torch.serialization.add_safe_globals([argparse.Namespace])  # fair-esm's hub files pickle their cfg (torch >= 2.6)
-model, alphabet = esm.pretrained.load_model_and_alphabet_local({path!r})
+data = torch.load({path!r}, map_location="cpu")  # load_model_and_alphabet_local, minus the contact-regression file
+model, alphabet = esm.pretrained.load_model_and_alphabet_core("esm2_t33_650M_UR50D", data)
+del data
 model.eval()
 dataset = esm.FastaBatchedDataset.from_file({fasta!r})
 batches = dataset.get_batch_indices({toks}, extra_toks_per_seq=1)

@@ -98,7 +98,7 @@ def compare_to_reference(q_model: nn.Module, references: Sequence[Reference],
         if ref.plddt is not None:
             ca_fp, ca_q = ref.output[0, :, 1].double(), oth[0, :, 1].double()  # atom14 index 1 = CA
             rel.append(relative_error(ca_fp, ca_q))
-            result = tm_score(ca_q.numpy(), ca_fp.numpy())
+            result = tm_score(ca_q.cpu().numpy(), ca_fp.cpu().numpy())  # the model may run on a GPU
             tm.append(result.tm_score)
             ca_rmsd.append(result.rmsd)
             dplddt.append(float(out_q["plddt"].mean() - ref.plddt.mean()))
