@@ -65,3 +65,39 @@ def test_sensitivity_metric_defaults_to_the_family(tmp_path):
     model, _ = tiny_esm2(seed=0)
     rows = sensitivity(model, "w8a8-uniform", SEQS, unit="part", calibration=SEQS)["rows"]
     assert rows and rows[0]["metric"] == "logits_rel"
+
+
+def _fasta(path, seqs):
+    path.write_text("".join(f">s{i}\n{s}\n" for i, s in enumerate(seqs)))
+    return path
+
+
+def test_sensitivity_refuses_a_resume_whose_calibration_file_changed(tmp_path):
+    """Same path, same number of sequences, other content: the resume names the file and stops."""
+    calib = _fasta(tmp_path / "calib.fa", SEQS)
+    kwargs = dict(metric="logits", unit="part", calibration=str(calib), out_dir=tmp_path / "sens")
+    model, _ = tiny_esm2(seed=0)
+    sensitivity(model, "w8a8-uniform", SEQS, **kwargs)
+    _fasta(calib, ["GGGGGGGGGGKKKKKKKKKKWWWWW", "PPPPPPPPAAAAAAAA"])
+    with pytest.raises(ValueError, match=r"calib\.fa changed content"):
+        sensitivity(model, "w8a8-uniform", SEQS, **kwargs)
+
+
+def test_eval_refuses_a_resume_whose_calibration_or_set_file_changed(tmp_path, capsys):
+    from ptq_protein.cli.main import main
+
+    calib = _fasta(tmp_path / "calib.fa", SEQS)
+    bench = _fasta(tmp_path / "set.fa", ["MKTAYIAKQRQISFVKSHFSRQ", "MENDELKKLLAAGHRWAAKK"])
+    argv = ["eval", "contacts", "--model", "tiny-esm2", "--recipes", "fp,w8a8-uniform", "--quiet",
+            "--out", str(tmp_path / "out")]
+    assert main([*argv, "--set", f"{bench}:1", "--calib", str(calib)]) == 0
+    for path, seqs in ((calib, ["GGGGGGGGGGKKKKKKKKKKWWWWW", "PPPPPPPPAAAAAAAA"]),
+                       (bench, ["WWWWWWWWWWWWWWWWWWWWWW", "MENDELKKLLAAGHRWAAKK"])):
+        original = path.read_text()
+        _fasta(path, seqs)
+        capsys.readouterr()
+        assert main([*argv, "--set", f"{bench}:2", "--calib", str(calib)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"{path} changed content" in err and "\n" not in err
+        path.write_text(original)
+    assert main([*argv, "--set", f"{bench}:2", "--calib", str(calib)]) == 0  # the same files resume

@@ -61,6 +61,7 @@ _DONE_PREFIXES = (STATUS_OK, "skipped")
 _STATUS_PREFIXES = (STATUS_OK, "skipped", "error")
 TEXT_COLUMNS = ("pdb", "contacts")  # non-numeric cells besides the key and status (output file paths)
 RUN_INFO_NAME = "run.json"
+INPUTS_KEY = "inputs"  # run.json field: {"<argument> <path>": sha256} of every input file (see input_digests)
 
 Key = Tuple[str, str]  # (recipe, target)
 
@@ -242,12 +243,22 @@ def check_run_info(out_dir: Union[str, Path], info: Mapping[str, Any], scored: b
         if changed and not scored:
             logger.warning("%s: the earlier run scored nothing; replacing its settings (%s)", path, ", ".join(changed))
         elif changed:
-            diffs = "; ".join(f"{k}: {old.get(k)!r} -> {wanted.get(k)!r}" for k in changed)
+            diffs = "; ".join(_difference(k, old.get(k), wanted.get(k)) for k in changed)
             raise ValueError(f"{path.parent} holds results of a different run ({diffs}); resume with the same "
                              "settings or give a new --out folder")
         if not changed:
             return
     atomic_write_text(path, json.dumps(wanted, indent=2, sort_keys=True) + "\n")
+
+
+def _difference(key: str, old: Any, new: Any) -> str:
+    """One changed ``run.json`` field in words; for ``inputs`` (file digests) the files whose content changed."""
+    if key != INPUTS_KEY or not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        return f"{key}: {old!r} -> {new!r}"
+    files = sorted(name for name in set(old) | set(new) if old.get(name) != new.get(name))
+    return "; ".join(f"input file {name} " + ("changed content since the earlier run" if name in old and name in new
+                                              else "is new" if name in new else "is no longer read")
+                     for name in files)
 
 
 def _format(value: Any) -> str:

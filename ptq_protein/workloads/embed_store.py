@@ -17,15 +17,15 @@ files are its own.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set
 
 import torch
 
 from ptq_protein.artifact_seal import first_difference
+from ptq_protein.digests import records_digest
 from ptq_protein.errors import InputError
 from ptq_protein.io_utils import atomic_write_bytes, atomic_write_text, file_lock, safe_stem
 from ptq_protein.workloads import embed_h5
@@ -36,11 +36,6 @@ __all__ = ["MANIFEST", "EmbedFolder", "records_digest", "label_stem", "read_embe
 MANIFEST = "embed_run.json"
 _LOCK = ".embed.lock"
 _TOOL = "ptq-protein embed"
-
-
-def records_digest(records: Sequence[Tuple[str, str]]) -> str:
-    """sha256 of the (label, sequence) list: the FASTA's content, whatever its path, line width or compression."""
-    return hashlib.sha256(json.dumps([list(r) for r in records], separators=(",", ":")).encode()).hexdigest()
 
 
 def label_stem(label: str) -> str:
