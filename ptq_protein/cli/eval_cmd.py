@@ -98,8 +98,8 @@ def run(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace, bench, recipes, ranks) -> Dict[str, Any]:
     from ptq_protein.eval.bench.results_store import INPUTS_KEY
     from ptq_protein.eval.bench.runner import RunOptions
-    from ptq_protein.passes.sequences import input_digests
     from ptq_protein.models.adapters import ESM2_MAX_RESIDUES
+    from ptq_protein.passes.sequences import input_digests
 
     loaded = load_float_model(args, args.model, device=ranks.device(resolve_device(args.device)))
     cap = args.max_length if args.max_length is not None else (loaded.max_length or ESM2_MAX_RESIDUES)
