@@ -38,13 +38,18 @@ TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.jso
                    "added_tokens.json")
 
 
-def hf_config(qmodel: nn.Module, recipe_name: str, format_version: int) -> Optional[Dict[str, Any]]:
-    """``config.json`` of a transformers model (None for other models): its config plus ``quantization_config``."""
+def hf_config(qmodel: nn.Module, recipe_name: str, format_version: int,
+              dtype: str = "float32") -> Optional[Dict[str, Any]]:
+    """``config.json`` of a transformers model (None for other models): its config plus ``quantization_config``.
+
+    ``dtype`` is the sealed recipe's (see :mod:`ptq_protein.models.float_dtypes`); the quantizer refuses a
+    ``config.json`` whose ``dtype`` differs from it (an edit that would change outputs).
+    """
     config = getattr(qmodel, "config", None)
     if config is None or not hasattr(config, "to_dict") or not hasattr(qmodel, "save_pretrained"):
         return None
     out = config.to_dict()
-    out["architectures"] = [type(qmodel).__name__]
+    out["architectures"], out["dtype"] = [type(qmodel).__name__], dtype
     out["quantization_config"] = {"quant_method": QUANT_METHOD, "recipe": recipe_name,
                                   "format_version": format_version}
     out["transformers_weights"] = INSTALL_HINT

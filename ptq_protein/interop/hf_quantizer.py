@@ -15,6 +15,7 @@ writer would store integer codes under names that reload as random weights.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from typing import Any, Optional
@@ -26,7 +27,8 @@ from transformers.quantizers import auto as hf_auto
 from transformers.quantizers.base import HfQuantizer
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
-from ptq_protein.artifact_hf import QUANT_METHOD
+from ptq_protein.artifact_hf import HF_CONFIG, QUANT_METHOD
+from ptq_protein.models.float_dtypes import main_dtype
 
 __all__ = ["PtqProteinConfig", "PtqProteinQuantizer", "register", "save_pretrained", "push_to_hub"]
 
@@ -79,12 +81,19 @@ class PtqProteinQuantizer(HfQuantizer):
         return model
 
     def _process_model_after_weight_loading(self, model: PreTrainedModel, **kwargs: Any):
-        from ptq_protein.artifact import load
+        from ptq_protein.artifact import DTYPES, load
 
-        become(model, load(self.folder, device=self.device), self.folder)
+        loaded = load(self.folder, device=self.device)
+        sealed = main_dtype(loaded.ptq_recipe.get(DTYPES))
+        written = json.loads((self.folder / HF_CONFIG).read_text()).get("dtype")  # transformers has read it
+        if written != sealed:  # config.json is not read for the model, but its dtype would cast it
+            raise ValueError(f"{self.folder / HF_CONFIG} field dtype is {written!r} but the sealed recipe's "
+                             f"model runs in {sealed!r}: config.json was edited; restore \"dtype\": \"{sealed}\" "
+                             "(to run in another dtype, pass dtype= to from_pretrained)")
+        become(model, loaded, self.folder)
         model.config.quantization_config = self.quantization_config
         model.hf_quantizer, model.is_quantized, model.quantization_method = self, True, QUANT_METHOD
-        if self.dtype is not None and self.dtype != torch.float32:
+        if self.dtype is not None and _dtype_name(self.dtype) != sealed:  # dtype= asked for another one
             model.to(self.dtype)
         return model
 
@@ -94,6 +103,11 @@ class PtqProteinQuantizer(HfQuantizer):
     @property
     def is_trainable(self) -> bool:
         return False
+
+
+def _dtype_name(dtype: Any) -> Optional[str]:
+    """``"float16"`` for ``torch.float16`` or ``"float16"``; None for None."""
+    return None if dtype is None else str(dtype).replace("torch.", "")
 
 
 def become(model: PreTrainedModel, loaded: nn.Module, folder: Path) -> None:

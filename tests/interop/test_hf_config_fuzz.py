@@ -1,0 +1,77 @@
+"""config.json cannot change an artifact's outputs: every key removed, every value changed to another
+valid value of its type, either loads with logits equal to ``pp.load``'s or is refused."""
+
+import copy
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForMaskedLM, EsmForMaskedLM
+
+import ptq_protein as pp
+from ptq_protein.models.tiny import esm_tokenizer
+
+_SWAPS = {"float32": "float16", "esm": "bert", "rotary": "absolute"}
+_REFUSALS = (ValueError, OSError, RuntimeError, TypeError, ImportError)
+
+
+@pytest.fixture(scope="module")
+def artifact(hf_esm2, calib_seqs, tmp_path_factory):
+    source = tmp_path_factory.mktemp("src") / "esm2-tiny"
+    hf_esm2.save_pretrained(source)
+    esm_tokenizer().save_pretrained(source)
+    q = pp.quantize(EsmForMaskedLM.from_pretrained(source), "w8a8-uniform", calibration=list(calib_seqs))
+    out = tmp_path_factory.mktemp("art") / "a"
+    pp.save(q, out, model_info={"name": "esm2-tiny", "source": str(source)})
+    return out
+
+
+def _other(value):
+    """Another valid value of the same JSON type."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1
+    if isinstance(value, str):
+        return _SWAPS.get(value, "model.safetensors" if " " in value else value + "x")
+    if isinstance(value, list):
+        return ["EsmModel"]
+    if isinstance(value, dict):
+        return {k: _other(v) if i == 0 else v for i, (k, v) in enumerate(value.items())} or {"a": 1}
+    return 0
+
+
+def _cases(config):
+    yield from ((f"{key} removed", {k: v for k, v in config.items() if k != key}) for key in config)
+    yield from ((f"{key} -> {_other(v)!r}", {**config, key: _other(v)}) for key, v in config.items())
+    for key, value in config["quantization_config"].items():
+        other = "bitsandbytes_8bit" if key == "quant_method" else _other(value)
+        yield f"quantization_config.{key} -> {other!r}", {**config, "quantization_config": {
+            **config["quantization_config"], key: other}}
+
+
+def test_every_config_edit_loads_the_sealed_model_or_is_refused(artifact, seqs):
+    tokens = esm_tokenizer()(seqs[:3], return_tensors="pt", padding=True)
+    batch = {"input_ids": tokens["input_ids"], "attention_mask": tokens["attention_mask"]}
+    with torch.no_grad():
+        reference = pp.load(artifact)(**batch).logits
+    original = json.loads((artifact / "config.json").read_text())
+    changed_outputs, refused = [], {}
+    try:
+        for case, config in _cases(copy.deepcopy(original)):
+            (artifact / "config.json").write_text(json.dumps(config))
+            try:
+                model = AutoModelForMaskedLM.from_pretrained(artifact)
+            except Exception as err:  # noqa: BLE001 -- transformers' own refusals have many types
+                assert isinstance(err, _REFUSALS) or type(err).__name__.startswith("StrictDataclass"), case
+                refused[case] = str(err)
+                continue
+            with torch.no_grad():
+                logits = model(**batch).logits
+            if logits.dtype != reference.dtype or not torch.equal(logits, reference):
+                changed_outputs.append(case)
+    finally:
+        (artifact / "config.json").write_text(json.dumps(original))
+    assert not changed_outputs, changed_outputs
+    assert "config.json field dtype is 'float16'" in refused["dtype -> 'float16'"]
+    assert "pip install ptq-protein" in refused["quantization_config removed"]
