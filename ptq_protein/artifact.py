@@ -55,7 +55,7 @@ from ptq_protein.calibration.matmul_sites import QuantMatmulHost
 from ptq_protein.calibration.sites import Site, set_module
 from ptq_protein.config import Backend, QuantConfig, SiteKind, TensorQuant
 from ptq_protein.errors import ArtifactError
-from ptq_protein.io_utils import atomic_dir, check_out_path
+from ptq_protein.io_utils import atomic_dir, check_out_path, public_source
 from ptq_protein.kernels.packing import pack_int4, unpack_int4
 from ptq_protein.model_card import CARD, model_card
 from ptq_protein.models.architecture import build_architecture, describe_architecture
@@ -196,7 +196,7 @@ def save(qmodel: nn.Module, path: Union[str, Path], *, force: bool = False,
             "format": ARTIFACT_FORMAT, "format_version": ARTIFACT_VERSION,
             "config": state.config.to_dict(), "family": state.family,
             "architecture": describe_architecture(qmodel),
-            "model": dict(model_info or {}),
+            "model": {k: public_source(v) if k in ("name", "source") else v for k, v in (model_info or {}).items()},
             "calibration": None if state.calibration is None else state.calibration.to_dict(),
             "sites": sites, "site_list": [s.to_dict() for s in state.sites], "fp_sites": state.fp_sites,
             "aliases": aliases, "versions": _versions(),

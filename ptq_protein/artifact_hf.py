@@ -26,6 +26,8 @@ from typing import Any, Dict, Optional
 
 from torch import nn
 
+from ptq_protein.io_utils import public_source
+
 __all__ = ["HF_CONFIG", "QUANT_METHOD", "INSTALL_HINT", "TOKENIZER_FILES", "hf_config", "tokenizer_source",
            "copy_tokenizer_files"]
 
@@ -50,6 +52,7 @@ def hf_config(qmodel: nn.Module, recipe_name: str, format_version: int,
         return None
     out = config.to_dict()
     out["architectures"], out["dtype"] = [type(qmodel).__name__], dtype
+    out["_name_or_path"] = public_source(out.get("_name_or_path", ""))  # uploaded with push_to_hub: no local path
     out["quantization_config"] = {"quant_method": QUANT_METHOD, "recipe": recipe_name,
                                   "format_version": format_version}
     out["transformers_weights"] = INSTALL_HINT

@@ -39,19 +39,36 @@ import shutil
 import socket
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 from ptq_protein.errors import BusyError, InputError
 
 PathLike = Union[str, os.PathLike]
 
-__all__ = ["atomic_write_text", "atomic_write_bytes", "atomic_dir", "check_out_path", "safe_stem",
+__all__ = ["public_source", "atomic_write_text", "atomic_write_bytes", "atomic_dir", "check_out_path", "safe_stem",
            "folder_lock", "file_lock", "LOCK_NAME", "current_umask", "env_flag"]
 
 logger = logging.getLogger(__name__)
 
 LOCK_NAME = ".ptq-protein.lock"
 _TMP_RE = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)-")
+
+
+def public_source(value: Any) -> Any:
+    """What a shared file may say about where a model came from: a local path's last component only.
+
+    ``/home/alice/models/esm`` -> ``esm``; Hub ids (``facebook/esm2_t6_8M_UR50D``), ``tiny:...`` sources and
+    non-strings are kept. Artifacts go to the Hub (``push_to_hub``): they must not carry private paths.
+    """
+    if not isinstance(value, str) or not value or value.startswith("tiny:"):
+        return value
+    text = os.path.expanduser(value)
+    hub_id = value.count("/") == 1 and not value.startswith((".", "/", "~"))
+    if os.path.isabs(text) or value.startswith(("~", "./", "../")) or (os.sep in value and not hub_id):
+        return Path(text).name or value
+    if hub_id and Path(text).exists():  # a relative local folder that looks like a Hub id
+        return Path(text).name
+    return value
 
 
 def current_umask() -> int:

@@ -75,3 +75,27 @@ def test_every_config_edit_loads_the_sealed_model_or_is_refused(artifact, seqs):
     assert not changed_outputs, changed_outputs
     assert "config.json field dtype is 'float16'" in refused["dtype -> 'float16'"]
     assert "pip install ptq-protein" in refused["quantization_config removed"]
+
+
+def test_no_local_path_in_what_push_to_hub_uploads(hf_esm2, calib_seqs, tmp_path):
+    """A model read from a folder under a home dir: no file of the artifact names that folder."""
+    source = tmp_path / "home" / "alice" / "models" / "esm"
+    hf_esm2.save_pretrained(source)
+    esm_tokenizer().save_pretrained(source)
+    q = pp.quantize(EsmForMaskedLM.from_pretrained(source), "w8a8-uniform", calibration=list(calib_seqs))
+    pp.save(q, tmp_path / "a", model_info={"name": "esm", "source": str(source)})
+    q.save_pretrained(tmp_path / "b")  # transformers' way: the config's _name_or_path is the folder
+    for folder in (tmp_path / "a", tmp_path / "b"):
+        for path in folder.iterdir():
+            assert str(tmp_path).encode() not in path.read_bytes(), path
+    assert "- read from: esm" in (tmp_path / "a" / "README.md").read_text()
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["_name_or_path"] == "esm"
+
+
+@pytest.mark.parametrize("value, public", [("/home/alice/esm", "esm"), ("~/esm/", "esm"), ("../x/esm", "esm"),
+                                           ("facebook/esm2_t6_8M_UR50D", "facebook/esm2_t6_8M_UR50D"),
+                                           ("tiny:tiny-esm2:seed=0", "tiny:tiny-esm2:seed=0"), ("", ""), (None, None)])
+def test_public_source(value, public):
+    from ptq_protein.io_utils import public_source
+
+    assert public_source(value) == public
