@@ -16,7 +16,6 @@ rules, chosen to agree with the TMscore program where it has one:
 
 from __future__ import annotations
 
-import gzip
 import io
 import logging
 import os
@@ -39,6 +38,7 @@ from ptq_protein.eval.atoms import (
     UNKNOWN_RESIDUE,
 )
 from ptq_protein.eval.coords import atom37_from_arrays
+from ptq_protein.file_reads import gunzip
 
 __all__ = ["Structure", "load_structure", "as_structure"]
 
@@ -245,10 +245,7 @@ def _read_text(path_or_text: PathOrText) -> tuple:
         raise FileNotFoundError(f"structure file not found: {path}")
     raw = path.read_bytes()
     if raw[:2] == _GZIP_MAGIC:
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as err:
-            raise InputError(f"{path}: corrupt gzip file ({err})") from err
+        raw = gunzip(raw, str(path), "re-download or re-compress it")
     text = raw.decode("utf-8", errors="replace")
     suffixes = [s.lower() for s in path.suffixes]
     is_cif = any(s in _CIF_SUFFIXES for s in suffixes) or _looks_like_cif(text)

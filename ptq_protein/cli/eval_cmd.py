@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 from typing import Any, Dict
 
@@ -92,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
         result = _evaluate(args, bench, recipes, ranks)
         if ranks.is_main:
             _report(args, result)
+    counts = result["counts"]
+    if counts["error"] and not counts["ok"]:  # nothing scored: the command failed, whatever the table holds
+        print(f"ptq-protein eval: failed: every row run failed ({counts['error']}); the status column of "
+              f"{result['results']} says why (a rerun retries them)", file=sys.stderr)
+        return 1
     return 0
 
 

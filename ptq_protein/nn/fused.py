@@ -68,7 +68,8 @@ class FusedSettings:
             raise ValueError(f"min_numel={self.min_numel} must be >= 0")
 
 
-def _from_env() -> FusedSettings:
+def settings_from_env() -> FusedSettings:
+    """The settings ``PTQ_PROTEIN_FUSED`` asks for; a value not in ``MODES`` is a ValueError naming it."""
     return FusedSettings(mode=os.environ.get(ENV_VAR, "auto").strip().lower() or "auto")
 
 
@@ -81,7 +82,7 @@ def settings() -> FusedSettings:
     """The current policy (read from ``PTQ_PROTEIN_FUSED`` on first use)."""
     global _settings
     if _settings is None:
-        _settings = _from_env()
+        _settings = settings_from_env()
     return _settings
 
 

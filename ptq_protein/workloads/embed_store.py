@@ -27,6 +27,7 @@ import torch
 from ptq_protein.artifact_seal import first_difference
 from ptq_protein.digests import records_digest
 from ptq_protein.errors import InputError
+from ptq_protein.file_reads import read_json
 from ptq_protein.io_utils import atomic_write_bytes, atomic_write_text, file_lock, safe_stem
 from ptq_protein.workloads import embed_h5
 from ptq_protein.workloads.shards import Shard
@@ -142,11 +143,7 @@ class EmbedFolder:
         path = self.out_dir / MANIFEST
         if not path.exists():
             return None
-        try:
-            data = json.loads(path.read_text())
-        except (ValueError, OSError, RecursionError) as err:
-            raise InputError(f"{path} is not readable JSON ({type(err).__name__}); move the folder away or choose a "
-                             "new --out") from err
+        data = read_json(path, "move the folder away or choose a new --out")
         if not isinstance(data, dict) or data.get("tool") != _TOOL:
             raise InputError(f"{path} was not written by '{_TOOL}'; choose a new --out folder")
         return data
