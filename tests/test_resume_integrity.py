@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 
 import pytest
 
@@ -101,3 +102,26 @@ def test_eval_refuses_a_resume_whose_calibration_or_set_file_changed(tmp_path, c
         assert f"{path} changed content" in err and "\n" not in err
         path.write_text(original)
     assert main([*argv, "--set", f"{bench}:2", "--calib", str(calib)]) == 0  # the same files resume
+
+
+def test_a_row_whose_output_points_outside_the_folder_is_redone(tmp_path, capsys):
+    from ptq_protein.cli.main import main
+
+    out = tmp_path / "out"
+    argv = ["eval", "contacts", "--model", "tiny-esm2", "--recipes", "fp", "--set", "cameo139:1", "--quiet",
+            "--out", str(out), "--json"]
+    assert main(argv) == 0
+    outside = tmp_path / "elsewhere.npy"
+    outside.write_bytes(b"x")
+    with open(out / "results.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    for cell in (str(outside), "../elsewhere.npy"):
+        rows[0]["contacts"] = cell
+        with open(out / "results.csv", "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        capsys.readouterr()
+        assert main(argv) == 0
+        counts = json.loads(capsys.readouterr().out)["counts"]
+        assert counts["ok"] == 1 and counts["resumed"] == 0, cell
