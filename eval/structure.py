@@ -20,7 +20,6 @@ import io
 import logging
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
@@ -38,7 +37,7 @@ from ptq_protein.eval.atoms import (
     UNKNOWN_RESIDUE,
 )
 from ptq_protein.eval.coords import atom37_from_arrays
-from ptq_protein.file_reads import gunzip
+from ptq_protein.file_reads import gunzip, regular_file
 
 __all__ = ["Structure", "load_structure", "as_structure"]
 
@@ -240,9 +239,7 @@ def _read_text(path_or_text: PathOrText) -> tuple:
         return path_or_text, "<text>", _looks_like_cif(path_or_text)
     if not isinstance(path_or_text, (str, os.PathLike)):
         raise TypeError(f"load_structure takes a file path or the file's text, got {type(path_or_text).__name__}")
-    path = Path(path_or_text)
-    if not path.is_file():
-        raise FileNotFoundError(f"structure file not found: {path}")
+    path = regular_file(path_or_text, "structure file")
     raw = path.read_bytes()
     if raw[:2] == _GZIP_MAGIC:
         raw = gunzip(raw, str(path), "re-download or re-compress it")

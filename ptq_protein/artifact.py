@@ -171,6 +171,13 @@ def _tensor_dict(qmodel: nn.Module, sites: Dict[str, Dict[str, Any]]) -> tuple:
     return tensors, aliases
 
 
+def check_saveable(config: QuantConfig) -> None:
+    """Refuse a recipe no artifact can hold (the study reproductions): ask before calibrating, not after."""
+    if config.study is not None:
+        raise ValueError(f"{config.name} reproduces the study in float simulation and is not saved as an "
+                         "artifact: use it in memory (pp.quantize, eval structure), or save one of our recipes")
+
+
 def save(qmodel: nn.Module, path: Union[str, Path], *, force: bool = False,
          model_info: Optional[Dict[str, Any]] = None, fidelity_markdown: Optional[str] = None) -> Path:
     """Write ``qmodel`` (from :func:`ptq_protein.quantize`) to the folder ``path``, atomically.
@@ -182,9 +189,7 @@ def save(qmodel: nn.Module, path: Union[str, Path], *, force: bool = False,
     state: Optional[QuantState] = getattr(qmodel, "ptq_state", None)
     if state is None:
         raise ValueError("this model was not made by ptq_protein.quantize (no ptq_state); quantize it first")
-    if state.config.study is not None:
-        raise ValueError(f"{state.config.name} reproduces the study in float simulation and is not saved as an "
-                         "artifact: use it in memory (pp.quantize, eval structure), or save one of our recipes")
+    check_saveable(state.config)
     path = Path(path)
     sites = {s.name: e for s in state.sites if (e := _site_entry(qmodel, s)) is not None}
     tensors, aliases = _tensor_dict(qmodel, sites)

@@ -13,13 +13,26 @@ import io
 import json
 import os
 import zlib
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from ptq_protein.errors import InputError
 
-__all__ = ["read_json", "gunzip", "read_csv"]
+__all__ = ["regular_file", "read_json", "gunzip", "read_csv"]
 
 _GZIP_ERRORS = (OSError, EOFError, zlib.error)
+
+
+def regular_file(path: Union[str, os.PathLike], what: str) -> Path:
+    """``path`` when it is a regular file; else "not found", or "not a regular file" for a folder or device
+    (``/dev/zero`` would be read forever)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{what} not found: {path}")
+    if not path.is_file():
+        kind = "a folder" if path.is_dir() else "a device or pipe"
+        raise InputError(f"{what} {path} is {kind}, not a regular file; give the path of the file")
+    return path
 
 
 def read_json(path: Union[str, os.PathLike], fix: str) -> Any:

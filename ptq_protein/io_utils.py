@@ -188,8 +188,9 @@ def check_out_path(path: PathLike, force: bool = False, replaceable: Optional[Ca
         if parent.exists():
             if not parent.is_dir():
                 raise InputError(f"cannot write {path}: {parent} is a regular file, not a folder; choose another path")
-            if not os.access(parent, os.W_OK | os.X_OK):
-                raise InputError(f"cannot write {path}: {parent} is not writable; choose another path")
+            why = _unwritable(parent)
+            if why:
+                raise InputError(f"cannot write {path}: {parent} does not take new files ({why}); choose another path")
             break
     if path.exists() or path.is_symlink():
         if not force:
@@ -198,6 +199,21 @@ def check_out_path(path: PathLike, force: bool = False, replaceable: Optional[Ca
         if path.is_symlink() or (replaceable is not None and not replaceable(path)):
             raise FileExistsError(f"{path} exists and is not a {what} written by ptq-protein; --force only replaces "
                                   "those: move it away or choose another path")
+
+
+def _unwritable(folder: Path) -> Optional[str]:
+    """Why a file cannot be made in ``folder`` (None: it can). A real probe: ``os.access`` says yes to root
+    everywhere, and ``/proc`` or a read-only mount refuse only the write itself."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return "not writable"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".ptq-protein-probe-", dir=folder)
+    except OSError as err:
+        return err.strerror or type(err).__name__
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return None
 
 
 def safe_stem(identifier: str) -> str:

@@ -148,9 +148,12 @@ def save_pretrained(model: PreTrainedModel, save_directory, is_main_process: boo
         raise ValueError("save_pretrained(state_dict=/variant=) would write tensors that are not the quantized "
                          "model; call save_pretrained(folder) alone (it writes a ptq-protein artifact)")
     if getattr(model, "ptq_state", None) is None:
-        raise ValueError(f"this {type(model).__name__} holds quantized modules but is not a whole ptq-protein model "
-                         f"({getattr(model, 'ptq_part_of', 'modified by hand')}): save the model pp.quantize or "
-                         "pp.load returned, with pp.save")
+        part = getattr(model, "ptq_part_of", None)
+        what = (f"the part of the model loaded from {part}" if part else
+                "a part of a quantized model (such as model.esm), or a model given quantized modules by hand")
+        raise ValueError(f"this {type(model).__name__} holds quantized modules but is not a whole ptq-protein model: "
+                         f"it is {what}. Save the whole model pp.quantize or pp.load returned, or quantize the part "
+                         "alone (pp.quantize(model.esm, ...)) and save that")
     if not is_main_process:
         return
     path = Path(save_directory)
