@@ -14,7 +14,10 @@ EVAL = ["eval", "contacts", "--model", "tiny-esm2", "--recipes", "fp", "--set", 
 
 def _run(capsys, argv):
     capsys.readouterr()
-    code = main(argv)
+    try:
+        code = main(argv)
+    except SystemExit as stop:  # the parser's own refusals
+        code = stop.code
     return code, capsys.readouterr().err.strip()
 
 
@@ -77,3 +80,32 @@ def test_a_corrupt_gzip_fasta_is_one_line_naming_the_file(tmp_path, capsys):
     bad.write_bytes(bytes(data))
     code, err = _run(capsys, [*EVAL[:-3], "--set", str(bad), "--quiet", "--out", str(tmp_path / "out")])
     assert code == 2 and str(bad) in err and "corrupt gzip" in err and "\n" not in err, err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["fold", "tiny-esmfold", "--fasta", "{fa}", "--out", "/proc/ptq-x"], "cannot write /proc/ptq-x:"),
+    (["fold", "tiny-esmfold", "--fasta", "{fa}", "--out", "{tmp}/o", "--max-memory", "0.5"], "at least one byte"),
+    (["quantize", "tiny-esmfold", "--preset", "study-w8a8-pwlq", "--out", "{tmp}/q"], "not saved as an artifact"),
+    (["tmscore", "/dev/zero", "{fa}"], "/dev/zero is a device or pipe, not a regular file"),
+])
+def test_refused_before_any_model_loads(tmp_path, capsys, monkeypatch, argv, needle):
+    from ptq_protein.models import loading
+
+    def never(*args, **kwargs):
+        raise AssertionError("a model was loaded before the refusal")
+
+    monkeypatch.setattr(loading, "load_model", never)
+    fasta = tmp_path / "s.fa"
+    fasta.write_text(">a\nMKTAYIAKQRQ\n")
+    code, err = _run(capsys, [a.format(fa=fasta, tmp=tmp_path) for a in argv])
+    assert code == 2 and needle in err and "\n" not in err, err
+
+
+def test_export_names_the_destination_it_cannot_write(tmp_path, capsys):
+    pytest.importorskip("onnx")
+    import ptq_protein as pp
+    from ptq_protein.models.tiny import tiny_esm2
+
+    pp.save(pp.quantize(tiny_esm2(seed=0)[0], "w8-only"), tmp_path / "a")
+    code, err = _run(capsys, ["export", str(tmp_path / "a"), "--format", "onnx", "--out", "/proc/ptq-x.onnx"])
+    assert code == 2 and "cannot write /proc/ptq-x.onnx:" in err and ".tmp-" not in err, err

@@ -99,3 +99,10 @@ def test_public_source(value, public):
     from ptq_protein.io_utils import public_source
 
     assert public_source(value) == public
+
+
+def test_save_pretrained_of_an_untouched_part_says_it_is_a_part(hf_esm2, calib_seqs, tmp_path):
+    q = pp.quantize(hf_esm2, "w8a8-uniform", calibration=list(calib_seqs))
+    with pytest.raises(ValueError, match=r"it is a part of a quantized model \(such as model.esm\)") as err:
+        q.esm.save_pretrained(tmp_path / "d")
+    assert "by hand" not in str(err.value).split("(such as model.esm),")[0]
