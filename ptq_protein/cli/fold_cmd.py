@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from ptq_protein.cli.common import (
     show_progress,
 )
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, is_artifact, load_float_model
+
+logger = logging.getLogger(__name__)
 
 EXAMPLES = """examples:
   ptq-protein fold runs/tiny-esmfold-w8a8-pwlq --fasta targets.fasta --out preds/
@@ -64,7 +67,11 @@ def run(args: argparse.Namespace) -> int:
 
     max_memory = args.max_memory  # bytes (parsed by memory_size)
     check_out_path(Path(args.out), force=True, what="folder")  # refused before the model loads
-    records = read_fasta(Path(args.fasta), alphabet=ESM_ALPHABET_LETTERS, max_length=ESM2_MAX_RESIDUES)
+    records = read_fasta(Path(args.fasta), alphabet=ESM_ALPHABET_LETTERS)  # no length cap: rotary ESM-2 has none
+    for seq_id, seq in records:
+        if len(seq) > ESM2_MAX_RESIDUES:  # folded (memory permitting), with one line saying what it means
+            logger.warning("%s: %d residues; ESMFold's language model was trained on at most %d, so accuracy "
+                           "beyond that is not established: folding it anyway", seq_id, len(seq), ESM2_MAX_RESIDUES)
     shard = choose_shard(args.shard)
     records = [records[i] for i in shard.select([len(seq) for _, seq in records])]
     device = rank_device(resolve_device(args.device))

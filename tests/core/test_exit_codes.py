@@ -109,3 +109,23 @@ def test_export_names_the_destination_it_cannot_write(tmp_path, capsys):
     pp.save(pp.quantize(tiny_esm2(seed=0)[0], "w8-only"), tmp_path / "a")
     code, err = _run(capsys, ["export", str(tmp_path / "a"), "--format", "onnx", "--out", "/proc/ptq-x.onnx"])
     assert code == 2 and "cannot write /proc/ptq-x.onnx:" in err and ".tmp-" not in err, err
+
+
+def test_fold_takes_sequences_over_1022_residues_with_a_note(tmp_path, capsys, monkeypatch, caplog):
+    """ESMFold's LM is rotary (no position table): a long sequence is folded, with one line saying so."""
+    from ptq_protein.eval.bench import folding
+
+    seen = {}
+
+    def fake_fold(model, records, out_dir, *args, **kwargs):
+        seen.update(records)
+        return {}
+
+    monkeypatch.setattr(folding, "fold_to_pdbs", fake_fold)
+    fasta = tmp_path / "long.fa"
+    fasta.write_text(">long\n" + "MKTAYIAKQR" * 110 + "\n")
+    code, err = _run(capsys, ["fold", "tiny-esmfold", "--fasta", str(fasta), "--out", str(tmp_path / "o"),
+                              "--pair-bits", "8"])
+    assert code == 0, err
+    assert len(seen["long"]) == 1100
+    assert "trained on at most 1022" in caplog.text
