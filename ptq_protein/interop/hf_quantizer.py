@@ -200,12 +200,14 @@ def _guard(name: str, ours):
 
 
 def register() -> None:
-    """Register the method and config with transformers, and guard save_pretrained/push_to_hub (idempotent)."""
+    """Register the method and config with transformers; guard save_pretrained/push_to_hub/half/float (idempotent)."""
     if QUANT_METHOD not in hf_auto.AUTO_QUANTIZATION_CONFIG_MAPPING:
         hf_auto.register_quantization_config(QUANT_METHOD)(PtqProteinConfig)
     if QUANT_METHOD not in hf_auto.AUTO_QUANTIZER_MAPPING:
         hf_auto.register_quantizer(QUANT_METHOD)(PtqProteinQuantizer)
-    for name, ours in (("save_pretrained", save_pretrained), ("push_to_hub", push_to_hub)):
+    # .half()/.float(): transformers refuses them on every quantized model; ours follow the dtype like pp.load's
+    for name, ours in (("save_pretrained", save_pretrained), ("push_to_hub", push_to_hub),
+                       ("half", nn.Module.half), ("float", nn.Module.float)):
         if not getattr(getattr(PreTrainedModel, name), "ptq_protein_guard", False):
             setattr(PreTrainedModel, name, _guard(name, ours))
 

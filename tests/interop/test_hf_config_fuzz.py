@@ -106,3 +106,14 @@ def test_save_pretrained_of_an_untouched_part_says_it_is_a_part(hf_esm2, calib_s
     with pytest.raises(ValueError, match=r"it is a part of a quantized model \(such as model.esm\)") as err:
         q.esm.save_pretrained(tmp_path / "d")
     assert "by hand" not in str(err.value).split("(such as model.esm),")[0]
+
+
+def test_half_of_a_from_pretrained_model_follows_the_dtype(artifact, seqs):
+    """README: quantized models follow .half(); transformers' guard for its own quantizers does not apply."""
+    tokens = esm_tokenizer()(seqs[:2], return_tensors="pt", padding=True)
+    batch = {"input_ids": tokens["input_ids"], "attention_mask": tokens["attention_mask"]}
+    model = AutoModelForMaskedLM.from_pretrained(artifact).half()
+    with torch.no_grad():
+        expected = pp.load(artifact).half()(**batch).logits
+        assert torch.equal(model(**batch).logits, expected) and expected.dtype == torch.float16
+        assert model.float()(**batch).logits.dtype == torch.float32
