@@ -15,17 +15,6 @@ _SWAPS = {"float32": "float16", "esm": "bert", "rotary": "absolute"}
 _REFUSALS = (ValueError, OSError, RuntimeError, TypeError, ImportError)
 
 
-@pytest.fixture(scope="module")
-def artifact(hf_esm2, calib_seqs, tmp_path_factory):
-    source = tmp_path_factory.mktemp("src") / "esm2-tiny"
-    hf_esm2.save_pretrained(source)
-    esm_tokenizer().save_pretrained(source)
-    q = pp.quantize(EsmForMaskedLM.from_pretrained(source), "w8a8-uniform", calibration=list(calib_seqs))
-    out = tmp_path_factory.mktemp("art") / "a"
-    pp.save(q, out, model_info={"name": "esm2-tiny", "source": str(source)})
-    return out
-
-
 def _other(value):
     """Another valid value of the same JSON type."""
     if isinstance(value, bool):
@@ -50,18 +39,18 @@ def _cases(config):
             **config["quantization_config"], key: other}}
 
 
-def test_every_config_edit_loads_the_sealed_model_or_is_refused(artifact, seqs):
+def test_every_config_edit_loads_the_sealed_model_or_is_refused(masked_lm_artifact, seqs):
     tokens = esm_tokenizer()(seqs[:3], return_tensors="pt", padding=True)
     batch = {"input_ids": tokens["input_ids"], "attention_mask": tokens["attention_mask"]}
     with torch.no_grad():
-        reference = pp.load(artifact)(**batch).logits
-    original = json.loads((artifact / "config.json").read_text())
+        reference = pp.load(masked_lm_artifact)(**batch).logits
+    original = json.loads((masked_lm_artifact / "config.json").read_text())
     changed_outputs, refused = [], {}
     try:
         for case, config in _cases(copy.deepcopy(original)):
-            (artifact / "config.json").write_text(json.dumps(config))
+            (masked_lm_artifact / "config.json").write_text(json.dumps(config))
             try:
-                model = AutoModelForMaskedLM.from_pretrained(artifact)
+                model = AutoModelForMaskedLM.from_pretrained(masked_lm_artifact)
             except Exception as err:  # noqa: BLE001 -- transformers' own refusals have many types
                 assert isinstance(err, _REFUSALS) or type(err).__name__.startswith("StrictDataclass"), case
                 refused[case] = str(err)
@@ -71,7 +60,7 @@ def test_every_config_edit_loads_the_sealed_model_or_is_refused(artifact, seqs):
             if logits.dtype != reference.dtype or not torch.equal(logits, reference):
                 changed_outputs.append(case)
     finally:
-        (artifact / "config.json").write_text(json.dumps(original))
+        (masked_lm_artifact / "config.json").write_text(json.dumps(original))
     assert not changed_outputs, changed_outputs
     assert "config.json field dtype is 'float16'" in refused["dtype -> 'float16'"]
     assert "pip install ptq-protein" in refused["quantization_config removed"]
@@ -108,12 +97,12 @@ def test_save_pretrained_of_an_untouched_part_says_it_is_a_part(hf_esm2, calib_s
     assert "by hand" not in str(err.value).split("(such as model.esm),")[0]
 
 
-def test_half_of_a_from_pretrained_model_follows_the_dtype(artifact, seqs):
+def test_half_of_a_from_pretrained_model_follows_the_dtype(masked_lm_artifact, seqs):
     """README: quantized models follow .half(); transformers' guard for its own quantizers does not apply."""
     tokens = esm_tokenizer()(seqs[:2], return_tensors="pt", padding=True)
     batch = {"input_ids": tokens["input_ids"], "attention_mask": tokens["attention_mask"]}
-    model = AutoModelForMaskedLM.from_pretrained(artifact).half()
+    model = AutoModelForMaskedLM.from_pretrained(masked_lm_artifact).half()
     with torch.no_grad():
-        expected = pp.load(artifact).half()(**batch).logits
+        expected = pp.load(masked_lm_artifact).half()(**batch).logits
         assert torch.equal(model(**batch).logits, expected) and expected.dtype == torch.float16
         assert model.float()(**batch).logits.dtype == torch.float32
