@@ -23,7 +23,7 @@ ptq_protein.read_embeddings(OUT). Rerunning the same command computes only what 
 
 
 def register(subparsers) -> None:
-    from ptq_protein.workloads.embed import INCLUDE_CHOICES
+    from ptq_protein.workloads.embed_fields import INCLUDE_CHOICES
 
     p = subparsers.add_parser("embed", help="embeddings (and contacts, logits) of every sequence of a FASTA",
                               description="Embed every sequence of a FASTA file with an ESM-2 model or artifact; "

@@ -79,11 +79,9 @@ def _route_library_noise() -> None:
 def _check_environment() -> None:
     """The environment variables the library reads, checked before any work: a bad value read later would
     fail every row of a run (each recorded as an error) instead of the command."""
-    from ptq_protein.io_utils import env_flag
-    from ptq_protein.nn.fused import settings_from_env
+    from ptq_protein.env_settings import check_environment
 
-    env_flag("PTQ_PROTEIN_SKIP_MEMORY_CHECK")
-    settings_from_env()
+    check_environment()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

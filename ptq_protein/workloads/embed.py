@@ -26,13 +26,12 @@ from torch import nn
 
 from ptq_protein.models.lm_outputs import LMOutputs, lm_forward, lm_info, lm_tokens, normalize_layers
 from ptq_protein.progress import progress
+from ptq_protein.workloads.embed_fields import INCLUDE_CHOICES  # what --include may name
 
 __all__ = ["INCLUDE_CHOICES", "EmbedOptions", "EmbedStats", "embed_batch", "sequence_result", "embed_all"]
 
 log = logging.getLogger(__name__)
 
-#: What ``--include`` may name (fair-esm's four, and ``logits``).
-INCLUDE_CHOICES = ("mean", "per_tok", "bos", "contacts", "logits")
 FORMATS = ("pt", "h5")
 
 
