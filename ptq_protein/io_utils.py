@@ -83,11 +83,17 @@ def current_umask() -> int:
 
 
 def atomic_write_bytes(path: PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temp file in the same folder, then rename."""
+    """Write ``data`` to ``path`` through a temp file in the same folder, then rename.
+
+    An ``OSError`` (a full disk, a folder that takes no files) names ``path``, not the temp file.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale_temps(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale_temps(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent)
+    except OSError as err:
+        raise type(err)(err.errno, err.strerror, str(path)) from err
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -95,9 +101,11 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
             os.fchmod(handle.fileno(), 0o666 & ~current_umask())
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(err, OSError) and err.errno is not None:
+            raise type(err)(err.errno, err.strerror, str(path)) from err
         raise
 
 

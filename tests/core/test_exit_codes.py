@@ -129,3 +129,11 @@ def test_fold_takes_sequences_over_1022_residues_with_a_note(tmp_path, capsys, m
     assert code == 0, err
     assert len(seen["long"]) == 1100
     assert "trained on at most 1022" in caplog.text
+
+
+def test_a_failed_atomic_write_names_the_destination_not_its_temp_file():
+    from ptq_protein.io_utils import atomic_write_bytes
+
+    with pytest.raises(OSError) as err:
+        atomic_write_bytes("/proc/ptq-x.onnx", b"x")
+    assert err.value.filename == "/proc/ptq-x.onnx" and ".tmp-" not in str(err.value)
