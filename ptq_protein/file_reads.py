@@ -63,4 +63,4 @@ def read_csv(text: str, label: str, fix: str) -> Tuple[List[str], List[Dict[str,
         header = list(reader.fieldnames or ())
         return header, list(reader)
     except csv.Error as err:
-        raise InputError(f"{label} line {reader.line_num}: {err}; {fix}") from err
+        raise InputError(f"{label} line {reader.line_num + 1}: {err}; {fix}") from err  # the line being read

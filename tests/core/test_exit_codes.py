@@ -57,6 +57,8 @@ def test_a_damaged_run_folder_is_one_line_naming_the_file(tmp_path, capsys, dama
         name = "results.csv"
     code, err = _run(capsys, [*EVAL, "--out", str(out)])
     assert code == 2 and str(out / name) in err and "\n" not in err, err
+    if name == "results.csv":
+        assert "results.csv line 2:" in err
 
 
 def test_a_deep_fold_index_and_run_record_name_their_file(tmp_path):
