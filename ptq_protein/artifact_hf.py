@@ -13,8 +13,11 @@ therefore a sentence saying what to install; transformers refuses it in its own
 one-line ``ValueError``, and the registered quantizer points it at the real file.
 
 The model is rebuilt only from the sealed ``recipe.json`` and tensors, so
-``config.json`` cannot change outputs; tokenizer files can (they map letters to
-ids), so their sha256 are part of the sealed recipe (``tokenizer_files``).
+``config.json`` cannot change outputs, except ``dtype``, which transformers casts
+the model to: it is written as the sealed recipe's dtype and the quantizer refuses
+another. Tokenizer files can (they map letters to ids), so their sha256 are part
+of the sealed recipe (``tokenizer_files``). ``_name_or_path`` keeps a local
+folder's last component only (the folder goes to the Hub with ``push_to_hub``).
 """
 
 from __future__ import annotations
