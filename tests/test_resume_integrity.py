@@ -125,3 +125,15 @@ def test_a_row_whose_output_points_outside_the_folder_is_redone(tmp_path, capsys
         assert main(argv) == 0
         counts = json.loads(capsys.readouterr().out)["counts"]
         assert counts["ok"] == 1 and counts["resumed"] == 0, cell
+
+
+def test_a_run_record_from_before_input_digests(tmp_path):
+    """Bundled sets read no file: such a record still resumes. One that read files is refused, saying why."""
+    from ptq_protein.eval.bench.results_store import check_run_info
+    from ptq_protein.passes.sequences import with_input_digests
+
+    check_run_info(tmp_path, {"command": "eval", "set": "cameo139"})
+    check_run_info(tmp_path, with_input_digests({"command": "eval", "set": "cameo139"}, {"--set": "cameo139"}))
+    calib = _fasta(tmp_path / "calib.fa", SEQS)
+    with pytest.raises(ValueError, match=r"recorded no digest of its input files \(--calib .*calib\.fa\)"):
+        check_run_info(tmp_path, with_input_digests({"command": "eval", "set": "cameo139"}, {"--calib": calib}))

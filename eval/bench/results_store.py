@@ -253,6 +253,9 @@ def check_run_info(out_dir: Union[str, Path], info: Mapping[str, Any], scored: b
 
 def _difference(key: str, old: Any, new: Any) -> str:
     """One changed ``run.json`` field in words; for ``inputs`` (file digests) the files whose content changed."""
+    if key == INPUTS_KEY and old is None:
+        return f"the earlier run recorded no digest of its input files ({', '.join(sorted(new or {}))}), so they "\
+               "cannot be checked (an older release)"
     if key != INPUTS_KEY or not isinstance(old, Mapping) or not isinstance(new, Mapping):
         return f"{key}: {old!r} -> {new!r}"
     files = sorted(name for name in set(old) | set(new) if old.get(name) != new.get(name))

@@ -105,7 +105,7 @@ def _evaluate(args: argparse.Namespace, bench, recipes, ranks) -> Dict[str, Any]
     from ptq_protein.eval.bench.results_store import INPUTS_KEY
     from ptq_protein.eval.bench.runner import RunOptions
     from ptq_protein.models.adapters import ESM2_MAX_RESIDUES
-    from ptq_protein.passes.sequences import input_digests
+    from ptq_protein.passes.sequences import with_input_digests
 
     loaded = load_float_model(args, args.model, device=ranks.device(resolve_device(args.device)))
     cap = args.max_length if args.max_length is not None else (loaded.max_length or ESM2_MAX_RESIDUES)
@@ -117,8 +117,8 @@ def _evaluate(args: argparse.Namespace, bench, recipes, ranks) -> Dict[str, Any]
                 "model_sha256": loaded.source_sha256, "set": _set_identity(args.set_spec),
                 "calibration": args.calib, "calib_max_length": options.calib_max_length,
                 "num_recycles": args.num_recycles, "dtype": args.dtype or "float32",
-                "seed": 0 if args.seed is None else args.seed,
-                INPUTS_KEY: input_digests({"--calib": args.calib, "--set": args.set_spec})}
+                "seed": 0 if args.seed is None else args.seed}
+    run_info = with_input_digests(run_info, {"--calib": args.calib, "--set": args.set_spec}, INPUTS_KEY)
     note = TINY_NOTE if str(loaded.source).startswith("tiny:") else ""
     if args.eval_kind == "structure":
         from ptq_protein.eval.bench.structure_task import evaluate_structure as evaluate

@@ -8,7 +8,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Union
 from ptq_protein.errors import InputError
 
 __all__ = ["CalibrationArg", "resolve_calibration", "calibration_records", "calibration_sequences", "crop_sequence",
-           "input_files", "input_digests"]
+           "input_files", "input_digests", "with_input_digests"]
 
 CalibrationArg = Union[None, str, Path, Sequence[str], Sequence[tuple]]
 
@@ -72,10 +72,17 @@ def input_digests(named: Mapping[str, CalibrationArg]) -> Dict[str, str]:
 
     A resumed run records these in its ``run.json`` and refuses to go on when one differs
     (a FASTA rewritten in place, same path and count, would otherwise mix two runs' rows).
+    Bundled sets and lists read no file: ``{}``, which a run records as nothing (see :func:`with_input_digests`).
     """
     from ptq_protein.digests import path_sha256
 
     return {f"{label} {path}": path_sha256(path) for label, source in named.items() for path in input_files(source)}
+
+
+def with_input_digests(info: Mapping, named: Mapping[str, CalibrationArg], key: str = "inputs") -> Dict:
+    """``info`` plus ``{key: input_digests(named)}`` when any file is read (runs on bundled sets stay as they were)."""
+    digests = input_digests(named)
+    return {**info, key: digests} if digests else dict(info)
 
 
 def _calibration_name(calibration: CalibrationArg) -> str:
