@@ -16,12 +16,10 @@ rules, chosen to agree with the TMscore program where it has one:
 
 from __future__ import annotations
 
-import gzip
 import io
 import logging
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
@@ -39,6 +37,7 @@ from ptq_protein.eval.atoms import (
     UNKNOWN_RESIDUE,
 )
 from ptq_protein.eval.coords import atom37_from_arrays
+from ptq_protein.file_reads import gunzip, regular_file
 
 __all__ = ["Structure", "load_structure", "as_structure"]
 
@@ -240,15 +239,10 @@ def _read_text(path_or_text: PathOrText) -> tuple:
         return path_or_text, "<text>", _looks_like_cif(path_or_text)
     if not isinstance(path_or_text, (str, os.PathLike)):
         raise TypeError(f"load_structure takes a file path or the file's text, got {type(path_or_text).__name__}")
-    path = Path(path_or_text)
-    if not path.is_file():
-        raise FileNotFoundError(f"structure file not found: {path}")
+    path = regular_file(path_or_text, "structure file")
     raw = path.read_bytes()
     if raw[:2] == _GZIP_MAGIC:
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as err:
-            raise InputError(f"{path}: corrupt gzip file ({err})") from err
+        raw = gunzip(raw, str(path), "re-download or re-compress it")
     text = raw.decode("utf-8", errors="replace")
     suffixes = [s.lower() for s in path.suffixes]
     is_cif = any(s in _CIF_SUFFIXES for s in suffixes) or _looks_like_cif(text)

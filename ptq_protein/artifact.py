@@ -55,10 +55,11 @@ from ptq_protein.calibration.matmul_sites import QuantMatmulHost
 from ptq_protein.calibration.sites import Site, set_module
 from ptq_protein.config import Backend, QuantConfig, SiteKind, TensorQuant
 from ptq_protein.errors import ArtifactError
-from ptq_protein.io_utils import atomic_dir, check_out_path
+from ptq_protein.io_utils import atomic_dir, check_out_path, public_source
 from ptq_protein.kernels.packing import pack_int4, unpack_int4
 from ptq_protein.model_card import CARD, model_card
 from ptq_protein.models.architecture import build_architecture, describe_architecture
+from ptq_protein.models.float_dtypes import apply_float_dtypes, float_dtypes, main_dtype
 from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.nn.pair_int8 import use_pair_int8
 from ptq_protein.nn.special_tokens import apply_special_tokens_
@@ -69,6 +70,7 @@ from ptq_protein.site_plan import MixedPlan
 __all__ = ["save", "load", "is_artifact_dir", "check_artifact_out", "ARTIFACT_FORMAT", "ARTIFACT_VERSION"]
 
 ARTIFACT_FORMAT = "ptq-protein-artifact"
+DTYPES = "dtypes"  # recipe field: the floating dtype the model runs in (see models/float_dtypes)
 ARTIFACT_VERSION = 3  # 3: the seal binds the tensors' digest too; 2: recipe sealed, tensors not; 1 had no seal
 TENSORS, RECIPE, REPORT_JSON, REPORT_MD = "model.safetensors", "recipe.json", "report.json", "report.md"
 
@@ -169,6 +171,13 @@ def _tensor_dict(qmodel: nn.Module, sites: Dict[str, Dict[str, Any]]) -> tuple:
     return tensors, aliases
 
 
+def check_saveable(config: QuantConfig) -> None:
+    """Refuse a recipe no artifact can hold (the study reproductions): ask before calibrating, not after."""
+    if config.study is not None:
+        raise ValueError(f"{config.name} reproduces the study in float simulation and is not saved as an "
+                         "artifact: use it in memory (pp.quantize, eval structure), or save one of our recipes")
+
+
 def save(qmodel: nn.Module, path: Union[str, Path], *, force: bool = False,
          model_info: Optional[Dict[str, Any]] = None, fidelity_markdown: Optional[str] = None) -> Path:
     """Write ``qmodel`` (from :func:`ptq_protein.quantize`) to the folder ``path``, atomically.
@@ -180,9 +189,7 @@ def save(qmodel: nn.Module, path: Union[str, Path], *, force: bool = False,
     state: Optional[QuantState] = getattr(qmodel, "ptq_state", None)
     if state is None:
         raise ValueError("this model was not made by ptq_protein.quantize (no ptq_state); quantize it first")
-    if state.config.study is not None:
-        raise ValueError(f"{state.config.name} reproduces the study in float simulation and is not saved as an "
-                         "artifact: use it in memory (pp.quantize, eval structure), or save one of our recipes")
+    check_saveable(state.config)
     path = Path(path)
     sites = {s.name: e for s in state.sites if (e := _site_entry(qmodel, s)) is not None}
     tensors, aliases = _tensor_dict(qmodel, sites)
@@ -194,20 +201,20 @@ def save(qmodel: nn.Module, path: Union[str, Path], *, force: bool = False,
             "format": ARTIFACT_FORMAT, "format_version": ARTIFACT_VERSION,
             "config": state.config.to_dict(), "family": state.family,
             "architecture": describe_architecture(qmodel),
-            "model": dict(model_info or {}),
+            "model": {k: public_source(v) if k in ("name", "source") else v for k, v in (model_info or {}).items()},
             "calibration": None if state.calibration is None else state.calibration.to_dict(),
             "sites": sites, "site_list": [s.to_dict() for s in state.sites], "fp_sites": state.fp_sites,
             "aliases": aliases, "versions": _versions(),
             "reports": {name: file_sha256(tmp / name) for name in (REPORT_JSON, REPORT_MD)},
             "mixed_precision": None if state.plan is None else state.plan.to_dict(),
-            TENSORS_DIGEST: tensors_sha256(tensors),
+            TENSORS_DIGEST: tensors_sha256(tensors), DTYPES: float_dtypes(qmodel),
             **({"tokenizer_files": tokenizer} if tokenizer else {}),  # absent without: older recipes unchanged
         }
         recipe = json.loads(json.dumps(recipe))  # exactly what recipe.json will hold (tuples -> lists)
         save_file(tensors, str(tmp / TENSORS), metadata={"format": ARTIFACT_FORMAT, SEAL_KEY: canonical_json(recipe)})
         recipe["files"] = {TENSORS: {"sha256": file_sha256(tmp / TENSORS), "bytes": (tmp / TENSORS).stat().st_size}}
         (tmp / RECIPE).write_text(json.dumps(recipe, indent=2, sort_keys=True))
-        config = hf_config(qmodel, state.config.name, ARTIFACT_VERSION)
+        config = hf_config(qmodel, state.config.name, ARTIFACT_VERSION, main_dtype(recipe[DTYPES]))
         if config is not None:
             (tmp / HF_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True))
         (tmp / CARD).write_text(model_card(recipe, fidelity_markdown))
@@ -336,6 +343,7 @@ def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = N
     if missing or unexpected:
         raise ArtifactError(f"artifact tensors do not fit the architecture (missing {missing[:3]}, unexpected "
                             f"{unexpected[:3]}); the artifact is corrupt or from another release: re-run quantize")
+    apply_float_dtypes(model, recipe.get(DTYPES), path / RECIPE)  # the dtype it was saved in (.half(), ...)
     apply_special_tokens_(model, adapter, config)
     if config.pair_bits is not None:
         use_pair_int8(model, config.pair_bits)

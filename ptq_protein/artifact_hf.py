@@ -13,8 +13,11 @@ therefore a sentence saying what to install; transformers refuses it in its own
 one-line ``ValueError``, and the registered quantizer points it at the real file.
 
 The model is rebuilt only from the sealed ``recipe.json`` and tensors, so
-``config.json`` cannot change outputs; tokenizer files can (they map letters to
-ids), so their sha256 are part of the sealed recipe (``tokenizer_files``).
+``config.json`` cannot change outputs, except ``dtype``, which transformers casts
+the model to: it is written as the sealed recipe's dtype and the quantizer refuses
+another. Tokenizer files can (they map letters to ids), so their sha256 are part
+of the sealed recipe (``tokenizer_files``). ``_name_or_path`` keeps a local
+folder's last component only (the folder goes to the Hub with ``push_to_hub``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from torch import nn
+
+from ptq_protein.io_utils import public_source
 
 __all__ = ["HF_CONFIG", "QUANT_METHOD", "INSTALL_HINT", "TOKENIZER_FILES", "hf_config", "tokenizer_source",
            "copy_tokenizer_files"]
@@ -38,13 +43,19 @@ TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.jso
                    "added_tokens.json")
 
 
-def hf_config(qmodel: nn.Module, recipe_name: str, format_version: int) -> Optional[Dict[str, Any]]:
-    """``config.json`` of a transformers model (None for other models): its config plus ``quantization_config``."""
+def hf_config(qmodel: nn.Module, recipe_name: str, format_version: int,
+              dtype: str = "float32") -> Optional[Dict[str, Any]]:
+    """``config.json`` of a transformers model (None for other models): its config plus ``quantization_config``.
+
+    ``dtype`` is the sealed recipe's (see :mod:`ptq_protein.models.float_dtypes`); the quantizer refuses a
+    ``config.json`` whose ``dtype`` differs from it (an edit that would change outputs).
+    """
     config = getattr(qmodel, "config", None)
     if config is None or not hasattr(config, "to_dict") or not hasattr(qmodel, "save_pretrained"):
         return None
     out = config.to_dict()
-    out["architectures"] = [type(qmodel).__name__]
+    out["architectures"], out["dtype"] = [type(qmodel).__name__], dtype
+    out["_name_or_path"] = public_source(out.get("_name_or_path", ""))  # uploaded with push_to_hub: no local path
     out["quantization_config"] = {"quant_method": QUANT_METHOD, "recipe": recipe_name,
                                   "format_version": format_version}
     out["transformers_weights"] = INSTALL_HINT

@@ -35,6 +35,7 @@ import stat
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
+from ptq_protein.digests import file_sha256
 from ptq_protein.errors import ArtifactError
 
 __all__ = ["SEAL_KEY", "TENSORS_DIGEST", "canonical_json", "first_difference", "recipe_body", "file_sha256",
@@ -87,14 +88,6 @@ def check_tensors(recipe: Mapping[str, Any], tensors: Mapping[str, Any], where: 
     if tensors_sha256(tensors) != expected:
         raise ArtifactError(f"{file} holds tensors that differ from the digest sealed in {where.name} (field "
                             f"{TENSORS_DIGEST}): a weight code or scale was edited or corrupted; re-run quantize")
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def canonical_json(obj: Any) -> str:

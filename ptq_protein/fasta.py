@@ -21,12 +21,12 @@ Example
 
 from __future__ import annotations
 
-import gzip
 import os
 from pathlib import Path
 from typing import Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from ptq_protein.errors import InputError
+from ptq_protein.file_reads import gunzip
 from ptq_protein.io_utils import atomic_write_text
 
 __all__ = [
@@ -194,10 +194,7 @@ def _read_text(source: PathOrText, where: Optional[str]) -> Tuple[str, str]:
         raise InputError(f"{label} is {kind}, not a FASTA file; give the path of a FASTA file")
     data = path.read_bytes()  # a regular file, or a pipe such as <(zcat seqs.fasta.gz)
     if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as e:
-            raise InputError(f"{label}: truncated or corrupt gzip file ({e}); re-download or re-compress it") from e
+        data = gunzip(data, label, "re-download or re-compress it")
     return _decode(data, label), label
 
 

@@ -39,19 +39,36 @@ import shutil
 import socket
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 from ptq_protein.errors import BusyError, InputError
 
 PathLike = Union[str, os.PathLike]
 
-__all__ = ["atomic_write_text", "atomic_write_bytes", "atomic_dir", "check_out_path", "safe_stem",
+__all__ = ["public_source", "atomic_write_text", "atomic_write_bytes", "atomic_dir", "check_out_path", "safe_stem",
            "folder_lock", "file_lock", "LOCK_NAME", "current_umask", "env_flag"]
 
 logger = logging.getLogger(__name__)
 
 LOCK_NAME = ".ptq-protein.lock"
 _TMP_RE = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)-")
+
+
+def public_source(value: Any) -> Any:
+    """What a shared file may say about where a model came from: a local path's last component only.
+
+    ``/home/alice/models/esm`` -> ``esm``; Hub ids (``facebook/esm2_t6_8M_UR50D``), ``tiny:...`` sources and
+    non-strings are kept. Artifacts go to the Hub (``push_to_hub``): they must not carry private paths.
+    """
+    if not isinstance(value, str) or not value or value.startswith("tiny:"):
+        return value
+    text = os.path.expanduser(value)
+    hub_id = value.count("/") == 1 and not value.startswith((".", "/", "~"))
+    if os.path.isabs(text) or value.startswith(("~", "./", "../")) or (os.sep in value and not hub_id):
+        return Path(text).name or value
+    if hub_id and Path(text).exists():  # a relative local folder that looks like a Hub id
+        return Path(text).name
+    return value
 
 
 def current_umask() -> int:
@@ -66,11 +83,17 @@ def current_umask() -> int:
 
 
 def atomic_write_bytes(path: PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temp file in the same folder, then rename."""
+    """Write ``data`` to ``path`` through a temp file in the same folder, then rename.
+
+    An ``OSError`` (a full disk, a folder that takes no files) names ``path``, not the temp file.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale_temps(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale_temps(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent)
+    except OSError as err:
+        raise type(err)(err.errno, err.strerror, str(path)) from err
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -78,9 +101,11 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
             os.fchmod(handle.fileno(), 0o666 & ~current_umask())
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(err, OSError) and err.errno is not None:
+            raise type(err)(err.errno, err.strerror, str(path)) from err
         raise
 
 
@@ -171,8 +196,9 @@ def check_out_path(path: PathLike, force: bool = False, replaceable: Optional[Ca
         if parent.exists():
             if not parent.is_dir():
                 raise InputError(f"cannot write {path}: {parent} is a regular file, not a folder; choose another path")
-            if not os.access(parent, os.W_OK | os.X_OK):
-                raise InputError(f"cannot write {path}: {parent} is not writable; choose another path")
+            why = _unwritable(parent)
+            if why:
+                raise InputError(f"cannot write {path}: {parent} does not take new files ({why}); choose another path")
             break
     if path.exists() or path.is_symlink():
         if not force:
@@ -181,6 +207,21 @@ def check_out_path(path: PathLike, force: bool = False, replaceable: Optional[Ca
         if path.is_symlink() or (replaceable is not None and not replaceable(path)):
             raise FileExistsError(f"{path} exists and is not a {what} written by ptq-protein; --force only replaces "
                                   "those: move it away or choose another path")
+
+
+def _unwritable(folder: Path) -> Optional[str]:
+    """Why a file cannot be made in ``folder`` (None: it can). A real probe: ``os.access`` says yes to root
+    everywhere, and ``/proc`` or a read-only mount refuse only the write itself."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return "not writable"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".ptq-protein-probe-", dir=folder)
+    except OSError as err:
+        return err.strerror or type(err).__name__
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return None
 
 
 def safe_stem(identifier: str) -> str:

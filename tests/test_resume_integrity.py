@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 
 import pytest
 
@@ -65,3 +66,74 @@ def test_sensitivity_metric_defaults_to_the_family(tmp_path):
     model, _ = tiny_esm2(seed=0)
     rows = sensitivity(model, "w8a8-uniform", SEQS, unit="part", calibration=SEQS)["rows"]
     assert rows and rows[0]["metric"] == "logits_rel"
+
+
+def _fasta(path, seqs):
+    path.write_text("".join(f">s{i}\n{s}\n" for i, s in enumerate(seqs)))
+    return path
+
+
+def test_sensitivity_refuses_a_resume_whose_calibration_file_changed(tmp_path):
+    """Same path, same number of sequences, other content: the resume names the file and stops."""
+    calib = _fasta(tmp_path / "calib.fa", SEQS)
+    kwargs = dict(metric="logits", unit="part", calibration=str(calib), out_dir=tmp_path / "sens")
+    model, _ = tiny_esm2(seed=0)
+    sensitivity(model, "w8a8-uniform", SEQS, **kwargs)
+    _fasta(calib, ["GGGGGGGGGGKKKKKKKKKKWWWWW", "PPPPPPPPAAAAAAAA"])
+    with pytest.raises(ValueError, match=r"calib\.fa changed content"):
+        sensitivity(model, "w8a8-uniform", SEQS, **kwargs)
+
+
+def test_eval_refuses_a_resume_whose_calibration_or_set_file_changed(tmp_path, capsys):
+    from ptq_protein.cli.main import main
+
+    calib = _fasta(tmp_path / "calib.fa", SEQS)
+    bench = _fasta(tmp_path / "set.fa", ["MKTAYIAKQRQISFVKSHFSRQ", "MENDELKKLLAAGHRWAAKK"])
+    argv = ["eval", "contacts", "--model", "tiny-esm2", "--recipes", "fp,w8a8-uniform", "--quiet",
+            "--out", str(tmp_path / "out")]
+    assert main([*argv, "--set", f"{bench}:1", "--calib", str(calib)]) == 0
+    for path, seqs in ((calib, ["GGGGGGGGGGKKKKKKKKKKWWWWW", "PPPPPPPPAAAAAAAA"]),
+                       (bench, ["WWWWWWWWWWWWWWWWWWWWWW", "MENDELKKLLAAGHRWAAKK"])):
+        original = path.read_text()
+        _fasta(path, seqs)
+        capsys.readouterr()
+        assert main([*argv, "--set", f"{bench}:2", "--calib", str(calib)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"{path} changed content" in err and "\n" not in err
+        path.write_text(original)
+    assert main([*argv, "--set", f"{bench}:2", "--calib", str(calib)]) == 0  # the same files resume
+
+
+def test_a_row_whose_output_points_outside_the_folder_is_redone(tmp_path, capsys):
+    from ptq_protein.cli.main import main
+
+    out = tmp_path / "out"
+    argv = ["eval", "contacts", "--model", "tiny-esm2", "--recipes", "fp", "--set", "cameo139:1", "--quiet",
+            "--out", str(out), "--json"]
+    assert main(argv) == 0
+    outside = tmp_path / "elsewhere.npy"
+    outside.write_bytes(b"x")
+    with open(out / "results.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    for cell in (str(outside), "../elsewhere.npy"):
+        rows[0]["contacts"] = cell
+        with open(out / "results.csv", "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        capsys.readouterr()
+        assert main(argv) == 0
+        counts = json.loads(capsys.readouterr().out)["counts"]
+        assert counts["ok"] == 1 and counts["resumed"] == 0, cell
+
+
+def test_a_run_record_from_before_input_digests(tmp_path):
+    """Bundled sets read no file: such a record still resumes. One that read files is refused, saying why."""
+    from ptq_protein.eval.bench.results_store import check_run_info
+    from ptq_protein.passes.sequences import with_input_digests
+
+    check_run_info(tmp_path, {"command": "eval", "set": "cameo139"})
+    check_run_info(tmp_path, with_input_digests({"command": "eval", "set": "cameo139"}, {"--set": "cameo139"}))
+    calib = _fasta(tmp_path / "calib.fa", SEQS)
+    with pytest.raises(ValueError, match=r"recorded no digest of its input files \(--calib .*calib\.fa\)"):
+        check_run_info(tmp_path, with_input_digests({"command": "eval", "set": "cameo139"}, {"--calib": calib}))

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ptq_protein.eval.bench.fold_budget import FoldRefused, planned_fold
+from ptq_protein.file_reads import read_json
 from ptq_protein.io_utils import atomic_write_text, check_out_path, file_lock, folder_lock, safe_stem
 from ptq_protein.progress import progress as progress_of
 
@@ -123,10 +124,7 @@ def _record(index_path: Path, seq_id: str, name: str) -> None:
 def _read_index(path: Path) -> Dict[str, str]:
     if not path.exists():
         return {}
-    try:
-        index = json.loads(path.read_text())
-    except (ValueError, OSError) as err:
-        raise ValueError(f"{path} is not valid JSON ({err}); move it away or choose a new --out folder") from err
+    index = read_json(path, "move it away or choose a new --out folder")
     if not isinstance(index, dict) or not all(isinstance(v, str) for v in index.values()):
         raise ValueError(f"{path} is not a fold index (id -> file name); move it away or choose a new --out folder")
     return index

@@ -49,6 +49,7 @@ import math
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
+from ptq_protein.file_reads import read_csv, read_json
 from ptq_protein.io_utils import atomic_write_text, file_lock
 
 __all__ = ["KEY_COLUMNS", "STATUS_OK", "ResultsStore", "check_run_info", "is_done"]
@@ -61,6 +62,7 @@ _DONE_PREFIXES = (STATUS_OK, "skipped")
 _STATUS_PREFIXES = (STATUS_OK, "skipped", "error")
 TEXT_COLUMNS = ("pdb", "contacts", "variants")  # non-numeric cells besides the key and status (output file paths)
 RUN_INFO_NAME = "run.json"
+INPUTS_KEY = "inputs"  # run.json field: {"<argument> <path>": sha256} of every input file (see input_digests)
 
 Key = Tuple[str, str]  # (recipe, target)
 
@@ -166,14 +168,14 @@ class ResultsStore:
         text = self.path.read_text(encoding="utf-8", errors="replace")
         if not text.strip():
             return {}, ["the table is empty (a truncated file?); starting it again"]
-        reader = csv.DictReader(io.StringIO(text, newline=""))
-        header = tuple(reader.fieldnames or ())
+        header, table = read_csv(text, str(self.path), "fix that row, or give a new --out folder")
+        header = tuple(header)
         if header != self.columns:
             raise ValueError(f"{self.path} has columns {list(header)}, not the {list(self.columns)} this command "
                              "writes; give a new --out folder (or delete the old table)")
         rows: Dict[Key, Dict[str, str]] = {}
         conflicts, problems = set(), []
-        for line, row in enumerate(reader, start=2):
+        for line, row in enumerate(table, start=2):
             problem = self._row_problem(row)
             if problem:
                 problems.append(f"line {line} dropped ({problem}); it will be rerun")
@@ -234,20 +236,32 @@ def check_run_info(out_dir: Union[str, Path], info: Mapping[str, Any], scored: b
     path = Path(out_dir) / RUN_INFO_NAME
     wanted = json.loads(json.dumps(dict(info), sort_keys=True, default=str))
     if path.exists():
-        try:
-            old = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not valid JSON ({e}); delete it or use a new --out folder") from e
+        old = read_json(path, "delete it or use a new --out folder")
+        if not isinstance(old, dict):
+            raise ValueError(f"{path} is not a run record (a JSON object); delete it or use a new --out folder")
         changed = sorted(k for k in set(old) | set(wanted) if old.get(k) != wanted.get(k))
         if changed and not scored:
             logger.warning("%s: the earlier run scored nothing; replacing its settings (%s)", path, ", ".join(changed))
         elif changed:
-            diffs = "; ".join(f"{k}: {old.get(k)!r} -> {wanted.get(k)!r}" for k in changed)
+            diffs = "; ".join(_difference(k, old.get(k), wanted.get(k)) for k in changed)
             raise ValueError(f"{path.parent} holds results of a different run ({diffs}); resume with the same "
                              "settings or give a new --out folder")
         if not changed:
             return
     atomic_write_text(path, json.dumps(wanted, indent=2, sort_keys=True) + "\n")
+
+
+def _difference(key: str, old: Any, new: Any) -> str:
+    """One changed ``run.json`` field in words; for ``inputs`` (file digests) the files whose content changed."""
+    if key == INPUTS_KEY and old is None:
+        return f"the earlier run recorded no digest of its input files ({', '.join(sorted(new or {}))}), so they "\
+               "cannot be checked (an older release)"
+    if key != INPUTS_KEY or not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        return f"{key}: {old!r} -> {new!r}"
+    files = sorted(name for name in set(old) | set(new) if old.get(name) != new.get(name))
+    return "; ".join(f"input file {name} " + ("changed content since the earlier run" if name in old and name in new
+                                              else "is new" if name in new else "is no longer read")
+                     for name in files)
 
 
 def _format(value: Any) -> str:

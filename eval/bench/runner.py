@@ -251,11 +251,19 @@ def _pending(store: ResultsStore, recipe: str, target: Target, cap: int) -> bool
     row = store.get(recipe, target.id)
     if row is None or not store.is_done(recipe, target.id):
         return True
-    missing = [row[c] for c in TEXT_COLUMNS if row.get(c) and not (store.path.parent / row[c]).exists()]
+    missing = [row[c] for c in TEXT_COLUMNS if row.get(c) and not _inside(store.path.parent, row[c])]
     if missing and row["status"] == STATUS_OK:
-        logger.warning("%s: output %s of target %s is missing; redoing it", recipe, missing[0], target.id)
+        logger.warning("%s: output %s of target %s is missing (or not a file inside the folder); redoing it",
+                       recipe, missing[0], target.id)
         return True
     return row["status"].startswith(_LENGTH_SKIP) and target.length <= cap
+
+
+def _inside(folder: Path, cell: str) -> bool:
+    """True when ``cell`` names a regular file inside ``folder`` (a row pointing at ``/etc/hostname`` is not done)."""
+    root = folder.resolve()
+    path = (root / cell).resolve()
+    return path.is_relative_to(root) and path != root and path.is_file()
 
 
 def _quantized(model: nn.Module, recipe: str, options: RunOptions, statistics: Any = None) -> nn.Module:

@@ -83,6 +83,16 @@ def parse_memory_size(text: Optional[str], option: str = "--max-memory") -> Opti
     if text is None:
         return None
     match = _SIZE.match(text)
-    if not match or float(match.group(1)) <= 0:
-        raise ValueError(f"{option} {text!r} is not a memory size; write e.g. 16G, 512M or 2.5GiB")
-    return int(float(match.group(1)) * 1024 ** _SIZE_POWERS[match.group(2).lower()])
+    size = int(float(match.group(1)) * 1024 ** _SIZE_POWERS[match.group(2).lower()]) if match else 0
+    if size < 1:  # "0.5" is half a byte: 0 once whole
+        raise ValueError(f"{option} {text!r} is not a memory size of at least one byte; write e.g. 16G, 512M or "
+                         "2.5GiB")
+    return size
+
+
+def memory_size(text: str) -> int:
+    """``type=`` of a ``--max-memory`` option: the size refused by the parser, before any model loads."""
+    try:
+        return parse_memory_size(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err).replace("--max-memory ", "", 1)) from err

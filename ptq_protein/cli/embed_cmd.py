@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ptq_protein.cli.common import add_runtime_options, parse_memory_size, resolve_device, show_progress
+from ptq_protein.cli.common import add_runtime_options, memory_size, resolve_device, show_progress
 from ptq_protein.cli.models_arg import (
     MODEL_HELP,
     add_backend_option,
@@ -49,7 +49,7 @@ def register(subparsers) -> None:
     p.add_argument("--format", default="pt", choices=["pt", "h5"], help="pt: one LABEL.pt each (default); h5: HDF5")
     p.add_argument("--shard", metavar="K/N", help="embed only the K-th of N shares (job arrays); under torchrun "
                                                   "each rank takes its share without it")
-    p.add_argument("--max-memory", metavar="SIZE",
+    p.add_argument("--max-memory", metavar="SIZE", type=memory_size,
                    help="memory the run may use, e.g. 8G (default: what this machine has available)")
     add_backend_option(p)
     add_model_options(p)
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from ptq_protein.workloads.embed_run import EmbedRun, fasta_labels
     from ptq_protein.workloads.shards import choose_shard, rank_device
 
-    max_memory = parse_memory_size(args.max_memory)
+    max_memory = args.max_memory  # bytes (parsed by memory_size)
     options = EmbedOptions(tuple(args.repr_layers), tuple(args.include), args.toks_per_batch,
                            args.truncation_seq_length, args.format)
     if options.format == "h5":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 from typing import Any, Dict
 
@@ -109,12 +110,19 @@ def run(args: argparse.Namespace) -> int:
         result = _evaluate(args, bench, recipes, ranks, task)
         if ranks.is_main:
             _report(args, result)
+    counts = result["counts"]
+    if counts["error"] and not counts["ok"]:  # nothing scored: the command failed, whatever the table holds
+        print(f"ptq-protein eval: failed: every row run failed ({counts['error']}); the status column of "
+              f"{result['results']} says why (a rerun retries them)", file=sys.stderr)
+        return 1
     return 0
 
 
 def _evaluate(args: argparse.Namespace, bench, recipes, ranks, task: Dict[str, Any]) -> Dict[str, Any]:
+    from ptq_protein.eval.bench.results_store import INPUTS_KEY
     from ptq_protein.eval.bench.runner import RunOptions
     from ptq_protein.models.adapters import ESM2_MAX_RESIDUES
+    from ptq_protein.passes.sequences import with_input_digests
 
     loaded = load_float_model(args, args.model, device=ranks.device(resolve_device(args.device)))
     cap = args.max_length if args.max_length is not None else (loaded.max_length or ESM2_MAX_RESIDUES)
@@ -127,6 +135,8 @@ def _evaluate(args: argparse.Namespace, bench, recipes, ranks, task: Dict[str, A
                 "calibration": args.calib, "calib_max_length": options.calib_max_length,
                 "num_recycles": args.num_recycles, "dtype": args.dtype or "float32",
                 "seed": 0 if args.seed is None else args.seed}
+    run_info = with_input_digests(run_info, {"--calib": args.calib, "--set": args.set_spec,
+                                             "--dms": getattr(args, "dms", None)}, INPUTS_KEY)
     note = TINY_NOTE if str(loaded.source).startswith("tiny:") else ""
     if args.eval_kind == "structure":
         from ptq_protein.eval.bench.structure_task import evaluate_structure as evaluate

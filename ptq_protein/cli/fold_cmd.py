@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
-from ptq_protein.cli.common import add_json_option, add_runtime_options, print_json, resolve_device, show_progress
+from ptq_protein.cli.common import (
+    add_json_option,
+    add_runtime_options,
+    memory_size,
+    print_json,
+    resolve_device,
+    show_progress,
+)
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, is_artifact, load_float_model
+
+logger = logging.getLogger(__name__)
 
 EXAMPLES = """examples:
   ptq-protein fold runs/tiny-esmfold-w8a8-pwlq --fasta targets.fasta --out preds/
@@ -32,7 +42,7 @@ def register(subparsers) -> None:
     p.add_argument("--fasta", required=True, help="sequences to fold (FASTA, .gz allowed)")
     p.add_argument("--out", required=True, help="folder for the PDB files")
     p.add_argument("--num-recycles", type=int, help="recycles (default: the model's)")
-    p.add_argument("--max-memory", metavar="SIZE",
+    p.add_argument("--max-memory", metavar="SIZE", type=memory_size,
                    help="memory the fold may use, e.g. 16G (default: what this machine has available)")
     p.add_argument("--pair-bits", type=int, choices=[8],
                    help="hold the trunk's pair activations in int8 (token-wise scales): about a third of the "
@@ -49,14 +59,19 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ptq_protein.cli.common import parse_memory_size
     from ptq_protein.eval.bench.folding import fold_to_pdbs, require_esmfold
     from ptq_protein.fasta import read_fasta
+    from ptq_protein.io_utils import check_out_path
     from ptq_protein.models.adapters import ESM2_MAX_RESIDUES, ESM_ALPHABET_LETTERS
     from ptq_protein.workloads.shards import choose_shard, rank_device
 
-    max_memory = parse_memory_size(args.max_memory)
-    records = read_fasta(Path(args.fasta), alphabet=ESM_ALPHABET_LETTERS, max_length=ESM2_MAX_RESIDUES)
+    max_memory = args.max_memory  # bytes (parsed by memory_size)
+    check_out_path(Path(args.out), force=True, what="folder")  # refused before the model loads
+    records = read_fasta(Path(args.fasta), alphabet=ESM_ALPHABET_LETTERS)  # no length cap: rotary ESM-2 has none
+    for seq_id, seq in records:
+        if len(seq) > ESM2_MAX_RESIDUES:  # folded (memory permitting), with one line saying what it means
+            logger.warning("%s: %d residues; ESMFold's language model was trained on at most %d, so accuracy "
+                           "beyond that is not established: folding it anyway", seq_id, len(seq), ESM2_MAX_RESIDUES)
     shard = choose_shard(args.shard)
     records = [records[i] for i in shard.select([len(seq) for _, seq in records])]
     device = rank_device(resolve_device(args.device))

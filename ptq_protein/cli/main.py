@@ -77,6 +77,14 @@ def _route_library_noise() -> None:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read when transformers is first imported
 
 
+def _check_environment() -> None:
+    """The environment variables the library reads, checked before any work: a bad value read later would
+    fail every row of a run (each recorded as an error) instead of the command."""
+    from ptq_protein.env_settings import check_environment
+
+    check_environment()
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -88,6 +96,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _route_library_noise()
     func: Callable[[argparse.Namespace], int] = args.func
     try:
+        _check_environment()
         return int(func(args) or EXIT_OK)
     except KeyboardInterrupt:
         print("ptq-protein: interrupted", file=sys.stderr)

@@ -74,7 +74,9 @@ def _recipe_name(args: argparse.Namespace) -> str:
     if args.preset is not None and not args.preset.strip():
         raise ValueError("--preset '' names no recipe; give a preset name (see README: w8a8-pwlq, ...) or omit it")
     name = args.preset if args.preset is not None else preset_for_bits(args.bits if args.bits is not None else 8)
-    get_preset(name)  # validate early, before any model is loaded
+    from ptq_protein.artifact import check_saveable
+
+    check_saveable(get_preset(name))  # validate early, before any model is loaded or calibrated
     return name
 
 

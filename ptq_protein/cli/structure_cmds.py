@@ -109,10 +109,9 @@ def run_contacts(args: argparse.Namespace) -> int:
 
     from ptq_protein.errors import InputError
     from ptq_protein.eval.contacts import contact_precision
+    from ptq_protein.file_reads import regular_file
 
-    path = Path(args.pred)
-    if not path.is_file():
-        raise FileNotFoundError(f"contact map not found: {path}")
+    path = regular_file(args.pred, "contact map")
     try:
         pred = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as err:  # numpy's own words suggest allow_pickle, no option here has it

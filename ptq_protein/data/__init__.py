@@ -14,7 +14,6 @@ size or mtime changes), so a truncated or edited install fails loudly with an
 from __future__ import annotations
 
 import functools
-import gzip
 import hashlib
 import json
 import os
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
 from ptq_protein.errors import ArtifactError, InputError
+from ptq_protein.file_reads import gunzip
 
 __all__ = [
     "DATA_DIR",
@@ -117,10 +117,7 @@ def read_bundled_bytes(relpath: str, decompress: bool = True) -> bytes:
     """Verified contents of a bundled file, gunzipped when it ends in ``.gz`` and ``decompress``."""
     data = verify_bundled_file(relpath)
     if decompress and relpath.endswith(".gz"):
-        try:
-            return gzip.decompress(data)
-        except (OSError, EOFError) as e:
-            raise ArtifactError(f"bundled file {DATA_DIR / relpath} is not valid gzip ({e}); {_REBUILD_HINT}") from e
+        return gunzip(data, f"bundled file {DATA_DIR / relpath}", _REBUILD_HINT, error=ArtifactError)
     return data
 
 
@@ -136,10 +133,7 @@ def read_structure_text(path: Union[str, os.PathLike]) -> str:
         except FileNotFoundError as e:
             raise InputError(f"structure file {path} not found; check the natives folder") from e
         if raw[:2] == b"\x1f\x8b":
-            try:
-                raw = gzip.decompress(raw)
-            except (OSError, EOFError) as e:
-                raise InputError(f"structure file {path} is a corrupt gzip file ({e}); re-download it") from e
+            raw = gunzip(raw, f"structure file {path}", "re-download it")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:

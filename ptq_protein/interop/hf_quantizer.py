@@ -15,6 +15,7 @@ writer would store integer codes under names that reload as random weights.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from typing import Any, Optional
@@ -26,7 +27,8 @@ from transformers.quantizers import auto as hf_auto
 from transformers.quantizers.base import HfQuantizer
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
-from ptq_protein.artifact_hf import QUANT_METHOD
+from ptq_protein.artifact_hf import HF_CONFIG, QUANT_METHOD
+from ptq_protein.models.float_dtypes import main_dtype
 
 __all__ = ["PtqProteinConfig", "PtqProteinQuantizer", "register", "save_pretrained", "push_to_hub"]
 
@@ -79,12 +81,19 @@ class PtqProteinQuantizer(HfQuantizer):
         return model
 
     def _process_model_after_weight_loading(self, model: PreTrainedModel, **kwargs: Any):
-        from ptq_protein.artifact import load
+        from ptq_protein.artifact import DTYPES, load
 
-        become(model, load(self.folder, device=self.device), self.folder)
+        loaded = load(self.folder, device=self.device)
+        sealed = main_dtype(loaded.ptq_recipe.get(DTYPES))
+        written = json.loads((self.folder / HF_CONFIG).read_text()).get("dtype")  # transformers has read it
+        if written != sealed:  # config.json is not read for the model, but its dtype would cast it
+            raise ValueError(f"{self.folder / HF_CONFIG} field dtype is {written!r} but the sealed recipe's "
+                             f"model runs in {sealed!r}: config.json was edited; restore \"dtype\": \"{sealed}\" "
+                             "(to run in another dtype, pass dtype= to from_pretrained)")
+        become(model, loaded, self.folder)
         model.config.quantization_config = self.quantization_config
         model.hf_quantizer, model.is_quantized, model.quantization_method = self, True, QUANT_METHOD
-        if self.dtype is not None and self.dtype != torch.float32:
+        if self.dtype is not None and _dtype_name(self.dtype) != sealed:  # dtype= asked for another one
             model.to(self.dtype)
         return model
 
@@ -94,6 +103,11 @@ class PtqProteinQuantizer(HfQuantizer):
     @property
     def is_trainable(self) -> bool:
         return False
+
+
+def _dtype_name(dtype: Any) -> Optional[str]:
+    """``"float16"`` for ``torch.float16`` or ``"float16"``; None for None."""
+    return None if dtype is None else str(dtype).replace("torch.", "")
 
 
 def become(model: PreTrainedModel, loaded: nn.Module, folder: Path) -> None:
@@ -134,9 +148,12 @@ def save_pretrained(model: PreTrainedModel, save_directory, is_main_process: boo
         raise ValueError("save_pretrained(state_dict=/variant=) would write tensors that are not the quantized "
                          "model; call save_pretrained(folder) alone (it writes a ptq-protein artifact)")
     if getattr(model, "ptq_state", None) is None:
-        raise ValueError(f"this {type(model).__name__} holds quantized modules but is not a whole ptq-protein model "
-                         f"({getattr(model, 'ptq_part_of', 'modified by hand')}): save the model pp.quantize or "
-                         "pp.load returned, with pp.save")
+        part = getattr(model, "ptq_part_of", None)
+        what = (f"the part of the model loaded from {part}" if part else
+                "a part of a quantized model (such as model.esm), or a model given quantized modules by hand")
+        raise ValueError(f"this {type(model).__name__} holds quantized modules but is not a whole ptq-protein model: "
+                         f"it is {what}. Save the whole model pp.quantize or pp.load returned, or quantize the part "
+                         "alone (pp.quantize(model.esm, ...)) and save that")
     if not is_main_process:
         return
     path = Path(save_directory)
@@ -183,12 +200,14 @@ def _guard(name: str, ours):
 
 
 def register() -> None:
-    """Register the method and config with transformers, and guard save_pretrained/push_to_hub (idempotent)."""
+    """Register the method and config with transformers; guard save_pretrained/push_to_hub/half/float (idempotent)."""
     if QUANT_METHOD not in hf_auto.AUTO_QUANTIZATION_CONFIG_MAPPING:
         hf_auto.register_quantization_config(QUANT_METHOD)(PtqProteinConfig)
     if QUANT_METHOD not in hf_auto.AUTO_QUANTIZER_MAPPING:
         hf_auto.register_quantizer(QUANT_METHOD)(PtqProteinQuantizer)
-    for name, ours in (("save_pretrained", save_pretrained), ("push_to_hub", push_to_hub)):
+    # .half()/.float(): transformers refuses them on every quantized model; ours follow the dtype like pp.load's
+    for name, ours in (("save_pretrained", save_pretrained), ("push_to_hub", push_to_hub),
+                       ("half", nn.Module.half), ("float", nn.Module.float)):
         if not getattr(getattr(PreTrainedModel, name), "ptq_protein_guard", False):
             setattr(PreTrainedModel, name, _guard(name, ours))
 

@@ -12,6 +12,7 @@ from typing import Any, Dict
 from torch import nn
 
 from ptq_protein.errors import ArtifactError
+from ptq_protein.io_utils import public_source
 
 __all__ = ["describe_architecture", "build_architecture", "TRANSFORMERS_CLASSES"]
 
@@ -30,7 +31,9 @@ def describe_architecture(model: nn.Module) -> Dict[str, Any]:
     if name == "ProteinBertModel":
         return {"library": "fair-esm", "class": "ProteinBertModel", "args": dict(vars(model.args))}
     if hasattr(model, "config") and hasattr(model.config, "to_dict"):
-        desc = {"library": "transformers", "class": name, "config": model.config.to_dict()}
+        config = model.config.to_dict()
+        config["_name_or_path"] = public_source(config.get("_name_or_path", ""))  # never a private local path
+        desc = {"library": "transformers", "class": name, "config": config}
         if name == "EsmModel" and getattr(model, "pooler", None) is None:  # e.g. EsmForMaskedLM's own .esm
             desc["kwargs"] = {"add_pooling_layer": False}
         return desc

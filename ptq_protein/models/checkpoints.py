@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import hashlib
 import logging
 import os
 import pickle
@@ -34,13 +33,13 @@ from typing import Any, Dict, Mapping, Sequence, Tuple, Union
 
 import torch
 
+from ptq_protein.digests import file_sha256
 from ptq_protein.errors import InputError
 
 __all__ = ["Unloaded", "load_torch_checkpoint", "plain_config", "split_state", "file_sha256"]
 
 logger = logging.getLogger(__name__)
 
-_HASH_CHUNK = 1 << 20
 
 
 class Unloaded:
@@ -158,15 +157,6 @@ def load_torch_checkpoint(path: Union[str, os.PathLike], *, allow_pickle: bool =
     logger.info("%s holds non-tensor objects %s; they were kept as inert placeholders, not executed",
                 path, sorted(unpickler.replaced))
     return data
-
-
-def file_sha256(path: Union[str, os.PathLike]) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(_HASH_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # --- inert unpickling ------------------------------------------------------------

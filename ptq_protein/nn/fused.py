@@ -41,6 +41,8 @@ from typing import Callable, Dict, Optional
 
 import torch
 
+from ptq_protein.env_settings import FUSED, FUSED_MODES, fused_mode
+
 __all__ = ["FusedSettings", "configure", "settings", "fused_call", "padded_regions", "piecewise_codes",
            "piecewise_fake",
            "piecewise_zero_code", "region_mask", "region_operand",
@@ -48,8 +50,7 @@ __all__ = ["FusedSettings", "configure", "settings", "fused_call", "padded_regio
 
 log = logging.getLogger(__name__)
 
-MODES = ("auto", "on", "off")
-ENV_VAR = "PTQ_PROTEIN_FUSED"
+MODES, ENV_VAR = FUSED_MODES, FUSED
 DEFAULT_MIN_NUMEL = 1 << 18  # ~a 256-token x 1024-channel activation; below it eager wins
 
 
@@ -68,8 +69,9 @@ class FusedSettings:
             raise ValueError(f"min_numel={self.min_numel} must be >= 0")
 
 
-def _from_env() -> FusedSettings:
-    return FusedSettings(mode=os.environ.get(ENV_VAR, "auto").strip().lower() or "auto")
+def settings_from_env() -> FusedSettings:
+    """The settings ``PTQ_PROTEIN_FUSED`` asks for; a value not in ``MODES`` is a ValueError naming it."""
+    return FusedSettings(mode=fused_mode())
 
 
 _settings: Optional[FusedSettings] = None
@@ -81,7 +83,7 @@ def settings() -> FusedSettings:
     """The current policy (read from ``PTQ_PROTEIN_FUSED`` on first use)."""
     global _settings
     if _settings is None:
-        _settings = _from_env()
+        _settings = settings_from_env()
     return _settings
 
 

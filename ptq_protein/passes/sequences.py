@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional, Sequence, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 from ptq_protein.errors import InputError
 
-__all__ = ["CalibrationArg", "resolve_calibration", "calibration_records", "calibration_sequences", "crop_sequence"]
+__all__ = ["CalibrationArg", "resolve_calibration", "calibration_records", "calibration_sequences", "crop_sequence",
+           "input_files", "input_digests", "with_input_digests"]
 
 CalibrationArg = Union[None, str, Path, Sequence[str], Sequence[tuple]]
 
@@ -52,6 +53,36 @@ def crop_sequence(seq: str, max_length: Optional[int]) -> str:
         return seq
     start = (len(seq) - max_length) // 2
     return seq[start:start + max_length]
+
+
+def input_files(source: CalibrationArg) -> List[Path]:
+    """The files a FASTA path or set spec reads (the FASTA, a natives folder); none for a bundled set or a list."""
+    if not isinstance(source, (str, Path)):
+        return []
+    if Path(str(source)).exists():
+        return [Path(str(source))]
+    from ptq_protein.data.sets import parse_set_spec
+
+    spec = parse_set_spec(str(source))
+    return [p for p in (spec.fasta, spec.natives) if p is not None and p.exists()]
+
+
+def input_digests(named: Mapping[str, CalibrationArg]) -> Dict[str, str]:
+    """``{"calibration calib.fa": sha256, ...}``: the content of every file each named argument reads.
+
+    A resumed run records these in its ``run.json`` and refuses to go on when one differs
+    (a FASTA rewritten in place, same path and count, would otherwise mix two runs' rows).
+    Bundled sets and lists read no file: ``{}``, which a run records as nothing (see :func:`with_input_digests`).
+    """
+    from ptq_protein.digests import path_sha256
+
+    return {f"{label} {path}": path_sha256(path) for label, source in named.items() for path in input_files(source)}
+
+
+def with_input_digests(info: Mapping, named: Mapping[str, CalibrationArg], key: str = "inputs") -> Dict:
+    """``info`` plus ``{key: input_digests(named)}`` when any file is read (runs on bundled sets stay as they were)."""
+    digests = input_digests(named)
+    return {**info, key: digests} if digests else dict(info)
 
 
 def _calibration_name(calibration: CalibrationArg) -> str:

@@ -22,10 +22,11 @@ from torch import nn
 
 from ptq_protein.api import crop_sequence, resolve_calibration
 from ptq_protein.config import QuantConfig
-from ptq_protein.eval.bench.results_store import ResultsStore, check_run_info
+from ptq_protein.eval.bench.results_store import INPUTS_KEY, ResultsStore, check_run_info
 from ptq_protein.io_utils import atomic_write_text
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.fingerprint import model_fingerprint
+from ptq_protein.passes.sequences import with_input_digests
 from ptq_protein.presets import resolve_config
 from ptq_protein.report import asymmetry
 from ptq_protein.search.metrics import METRIC_VALUES, Metric, Scorer, choose_metric
@@ -78,6 +79,7 @@ def sensitivity(model: nn.Module, recipe: Union[str, QuantConfig, dict] = "w8a8-
     seqs = [crop_sequence(s, max_length) for s in seqs]
     identity = {"model": dict(model_info or {}), "model_fingerprint": model_fingerprint(model),
                 "calibration_batch_size": adapter.batch_size(batch_size), "max_length": max_length}
+    identity = with_input_digests(identity, {"calibration": calibration, "sequences": sequences}, INPUTS_KEY)
     store = _open_store(out_dir, config, seq_name, seqs, metric, unit, calibration, complement, num_recycles,
                         identity)
     start = time.perf_counter()

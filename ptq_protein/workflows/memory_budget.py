@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Tuple
 
+from ptq_protein.env_settings import SKIP_MEMORY_CHECK
 from ptq_protein.errors import InputError
 from ptq_protein.io_utils import env_flag
 
@@ -78,7 +79,7 @@ def process_budget(max_memory: Optional[int] = None) -> Optional[int]:
         if max_memory <= 0:
             raise InputError(f"max_memory={max_memory}: give a positive size, e.g. 16G")
         return int(max_memory)
-    if env_flag("PTQ_PROTEIN_SKIP_MEMORY_CHECK"):
+    if env_flag(SKIP_MEMORY_CHECK):
         return None
     available = available_memory_bytes()
     return None if available is None else int(DEFAULT_SHARE * available) + resident_bytes()
@@ -109,7 +110,7 @@ def _proc_bytes(path: str, key: str) -> Optional[int]:
 def shortfall(weights_path: Optional[Path], *, low_memory: bool, calibration_tokens: int
               ) -> Optional[Tuple[MemoryEstimate, int]]:
     """``(estimate, available bytes)`` when the run would not fit; None when it fits or nothing can be checked."""
-    if weights_path is None or env_flag("PTQ_PROTEIN_SKIP_MEMORY_CHECK"):
+    if weights_path is None or env_flag(SKIP_MEMORY_CHECK):
         return None
     path = Path(weights_path)
     size = path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.iterdir() if p.is_file())

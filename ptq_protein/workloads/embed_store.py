@@ -17,16 +17,17 @@ files are its own.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set
 
 import torch
 
 from ptq_protein.artifact_seal import first_difference
+from ptq_protein.digests import records_digest
 from ptq_protein.errors import InputError
+from ptq_protein.file_reads import read_json
 from ptq_protein.io_utils import atomic_write_bytes, atomic_write_text, file_lock, safe_stem
 from ptq_protein.workloads import embed_h5
 from ptq_protein.workloads.shards import Shard
@@ -36,11 +37,6 @@ __all__ = ["MANIFEST", "EmbedFolder", "records_digest", "label_stem", "read_embe
 MANIFEST = "embed_run.json"
 _LOCK = ".embed.lock"
 _TOOL = "ptq-protein embed"
-
-
-def records_digest(records: Sequence[Tuple[str, str]]) -> str:
-    """sha256 of the (label, sequence) list: the FASTA's content, whatever its path, line width or compression."""
-    return hashlib.sha256(json.dumps([list(r) for r in records], separators=(",", ":")).encode()).hexdigest()
 
 
 def label_stem(label: str) -> str:
@@ -147,11 +143,7 @@ class EmbedFolder:
         path = self.out_dir / MANIFEST
         if not path.exists():
             return None
-        try:
-            data = json.loads(path.read_text())
-        except (ValueError, OSError, RecursionError) as err:
-            raise InputError(f"{path} is not readable JSON ({type(err).__name__}); move the folder away or choose a "
-                             "new --out") from err
+        data = read_json(path, "move the folder away or choose a new --out")
         if not isinstance(data, dict) or data.get("tool") != _TOOL:
             raise InputError(f"{path} was not written by '{_TOOL}'; choose a new --out folder")
         return data

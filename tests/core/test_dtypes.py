@@ -100,3 +100,21 @@ def test_quantized_models_run_in_half_and_bfloat16(request, seqs, family, preset
             auto, fp_auto = _logits(q, batch), _logits(fp, batch)
         assert auto.dtype == fp_auto.dtype  # the same dtype the float model gives under autocast
         assert _rel(auto, ref) <= 2 * (_rel(ref, fp_ref) + _rel(fp_auto, fp_ref))
+
+
+@pytest.mark.parametrize("family", ["esm2", "hf_esm2"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_model_saved_in_half_reloads_in_half(request, seqs, tmp_path, family, dtype):
+    """pp.load(A).half() saved, then loaded again: the same dtype, the same logits bit for bit."""
+    q = pp.quantize(request.getfixturevalue(family), "w8a8-uniform", calibration=seqs)
+    pp.save(q, tmp_path / "a")
+    low = pp.load(tmp_path / "a").to(dtype)
+    if hasattr(low, "save_pretrained"):
+        low.save_pretrained(tmp_path / "d")
+    else:
+        pp.save(low, tmp_path / "d")
+    again = pp.load(tmp_path / "d")
+    batch = get_adapter(q).make_batch(seqs[:3])
+    with torch.no_grad():
+        expected, got = _logits(low, batch), _logits(again, batch)
+    assert got.dtype == dtype and torch.equal(got, expected)

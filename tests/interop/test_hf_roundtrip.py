@@ -14,18 +14,6 @@ from ptq_protein.errors import ArtifactError
 from ptq_protein.models.tiny import esm_tokenizer
 
 
-@pytest.fixture(scope="module")
-def masked_lm_artifact(hf_esm2, calib_seqs, tmp_path_factory):
-    """A quantized EsmForMaskedLM saved from a folder laid out as save_pretrained writes it (with tokenizer)."""
-    source = tmp_path_factory.mktemp("src") / "esm2-tiny"
-    hf_esm2.save_pretrained(source)
-    esm_tokenizer().save_pretrained(source)
-    q = pp.quantize(EsmForMaskedLM.from_pretrained(source), "w8a8-uniform", calibration=list(calib_seqs))
-    out = tmp_path_factory.mktemp("art") / "a"
-    pp.save(q, out, model_info={"name": "esm2-tiny", "source": str(source)})
-    return out
-
-
 def _batch(seqs):
     tokens = esm_tokenizer()(seqs, return_tensors="pt", padding=True)  # a padded batch, as users tokenize
     return {"input_ids": tokens["input_ids"], "attention_mask": tokens["attention_mask"]}

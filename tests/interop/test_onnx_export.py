@@ -7,7 +7,9 @@ decodes the same codes (tested below); end to end, ORT's float LayerNorm / GELU 
 differently from PyTorch's, and where a value sits within that rounding of a code boundary its code moves by
 one step, which deeper layers amplify. Float64 vs float32 of our own model measures exactly that sensitivity
 (on the 12-layer bench model both are 2.4e-2 for w8a8-uniform). A wrong scale, zero point or BOS/EOS rule
-costs about the quantization error itself, far above the bound on these batches (~1e-7 measured).
+costs about the quantization error itself, far above the bound on these batches (~1e-7 measured). That bound
+holds on these short sequences only: past ~100-300 residues codes flip (tests at 1022 residues below, and
+docs/int8.md for the per-length bounds).
 """
 
 import builtins
@@ -160,3 +162,74 @@ def test_every_site_is_one_integer_gemm_in_onnx_runtime(request, seqs, tmp_path,
     ops = collections.Counter(node.op_type for node in onnx.load(str(tmp_path / "optimized.onnx")).graph.node)
     sites = sum(1 for m in ref.modules() if isinstance(m, QuantLinear) and m.input_quant is not None)
     assert ops["MatMulIntegerToFloat"] == sites and ops["ScatterND"] == sites
+
+
+# Per-length bound at 1022 residues (docs/int8.md, "ONNX Runtime vs torch, by length"): weight-only sites have no
+# activation codes to flip, so only float summation differs; with activation codes, a value within float rounding
+# of a code boundary can take the neighbouring code, and each such flip costs about 1e-3 of the output.
+BOUND_1022 = {"w8-only": 1e-5, "w8a8-uniform": 1e-2, "w8a8-dynamic": 1e-2}
+
+
+def _long_sequence(length: int) -> str:
+    gen = torch.Generator().manual_seed(0)
+    letters = "ACDEFGHIKLMNPQRSTVWY"
+    return "".join(letters[i] for i in torch.randint(0, len(letters), (length,), generator=gen).tolist())
+
+
+@pytest.mark.parametrize("family, recipe", [("esm2", "w8-only"), ("esm2", "w8a8-uniform"),
+                                            ("esm2", "w8a8-dynamic"), ("hf_esm2", "w8a8-uniform")])
+def test_onnx_runtime_at_1022_residues_within_the_stated_bound(request, seqs, tmp_path, family, recipe):
+    ref, session = _export(request.getfixturevalue(family), recipe, seqs, tmp_path)
+    adapter = get_adapter(ref)
+    batch = adapter.make_batch([_long_sequence(1022)])
+    ids = batch.inputs.get("tokens", batch.inputs.get("input_ids"))
+    with torch.no_grad():
+        want = _logits(adapter.forward(ref, batch))
+    got = session.run(None, {"input_ids": ids.numpy()})[0]
+    assert _rel(got, want, ids != 1) <= BOUND_1022[recipe]
+
+
+@pytest.mark.parametrize("family", ["esm2", "hf_esm2"])
+def test_at_1022_residues_the_only_code_differences_sit_on_a_code_boundary(request, seqs, tmp_path, family):
+    """The cause of the larger error at length: ORT's float GELU and attention sums round differently from
+    torch's (more terms, more rounding), and a value within that rounding of a code boundary flips one code.
+    At the first site whose codes differ, every differing code's input lies within the two runtimes' input
+    difference of a boundary: a rounding case, never a wrong scale or zero point."""
+    import onnx
+
+    from ptq_protein.nn.modules import ActQuantizer
+    from ptq_protein.quant.uniform import qrange
+
+    ref, _ = _export(request.getfixturevalue(family), "w8a8-uniform", seqs, tmp_path)
+    adapter = get_adapter(ref)
+    batch = adapter.make_batch([_long_sequence(1022)])
+    ids = batch.inputs.get("tokens", batch.inputs.get("input_ids"))
+    graph = onnx.load(str(tmp_path / "m.onnx"))
+    nodes = [n for n in graph.graph.node if n.op_type == "QuantizeLinear"]
+    for node in nodes:  # expose every quantizer's input and codes
+        graph.graph.output.append(onnx.helper.make_tensor_value_info(node.input[0], onnx.TensorProto.FLOAT, None))
+        graph.graph.output.append(onnx.helper.make_tensor_value_info(node.output[0], onnx.TensorProto.UINT8, None))
+    onnx.save(graph, str(tmp_path / "probe.onnx"))
+    session = ort_session(tmp_path / "probe.onnx", threads=1)
+    outs = dict(zip([o.name for o in session.get_outputs()], session.run(None, {"input_ids": ids.numpy()})))
+    seen = []
+    hooks = [m.register_forward_hook(lambda mod, inp, out: seen.append((mod, inp[0].detach().clone())))
+             for m in ref.modules() if isinstance(m, ActQuantizer)]
+    with torch.no_grad():
+        adapter.forward(ref, batch)
+    for hook in hooks:
+        hook.remove()
+    assert len(seen) == len(nodes)
+    for node, (quant, x) in zip(nodes, seen):
+        scale, zero = quant.scale.reshape(()), quant.zero_point.reshape(()).float()
+        lo, hi = qrange(quant.spec.bits, quant.spec.symmetric)
+        ours = (torch.clamp(torch.round(x / scale) + zero, lo, hi) + 128).reshape(-1)
+        theirs = torch.as_tensor(outs[node.output[0]].astype("int64")).reshape(-1)
+        differ = (ours != theirs).nonzero().reshape(-1)
+        if differ.numel():
+            gap = (torch.as_tensor(outs[node.input[0]]).reshape(-1) - torch.clamp(x, (lo - zero) * scale,
+                                                                                 (hi - zero) * scale).reshape(-1))
+            off = (x.reshape(-1)[differ] / scale) - torch.floor(x.reshape(-1)[differ] / scale) - 0.5
+            assert (ours[differ] - theirs[differ]).abs().max() == 1, node.input[0]
+            assert (off.abs() * scale <= gap.abs().max() + 1e-7).all(), node.input[0]
+            break  # later sites read the flipped code's consequences

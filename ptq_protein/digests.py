@@ -1,0 +1,45 @@
+"""Content digests: what a file or a list of records holds, whatever its path, so a changed input is seen.
+
+One place for every digest a run records (resumed eval and sensitivity runs, embed manifests,
+artifact seals, model sources): a resumed run compares them and refuses inputs that changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Sequence, Tuple, Union
+
+__all__ = ["file_sha256", "records_digest", "path_sha256"]
+
+_CHUNK = 1 << 20  # bytes read at a time
+
+
+def file_sha256(path: Union[str, os.PathLike]) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def records_digest(records: Sequence[Tuple[str, str]]) -> str:
+    """sha256 of the (label, sequence) list: the FASTA's content, whatever its path, line width or compression."""
+    return hashlib.sha256(json.dumps([list(r) for r in records], separators=(",", ":")).encode()).hexdigest()
+
+
+def path_sha256(path: Union[str, os.PathLike]) -> str:
+    """sha256 of a file, or of a folder's ``"relative/name sha256"`` lines over its regular files (sorted).
+
+    Hidden files (locks, editor files) are left out: they do not change what is read.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        return file_sha256(path)
+    files = sorted(p for p in path.rglob("*") if p.is_file() and not p.is_symlink()
+                   and not any(part.startswith(".") for part in p.relative_to(path).parts))
+    listing = "".join(f"{p.relative_to(path).as_posix()} {file_sha256(p)}\n" for p in files)
+    return hashlib.sha256(listing.encode("utf-8")).hexdigest()
