@@ -127,4 +127,4 @@ def test_an_unwritable_out_folder_is_refused(tmp_path, dms, capsys, monkeypatch)
     locked.mkdir()
     monkeypatch.setattr(ptq_protein.io_utils.os, "access", lambda *a, **k: False)  # as a non-root user sees 0o500
     assert score("tiny-esm2", "--sequence", SEQ, "--dms", dms, "--out", locked / "o.csv") == 2
-    assert "is not writable" in capsys.readouterr().err and not list(locked.iterdir())
+    assert "does not take new files" in capsys.readouterr().err and not list(locked.iterdir())
