@@ -1,17 +1,22 @@
-"""What the CPU bench scripts share: the seeded ESM-2 shapes, random sequences, and the table and header lines."""
+"""What the CPU bench scripts share: the seeded ESM-2 shapes, random sequences, interleaved timing, and the table
+and header lines (the CPU's flags among them)."""
 
 from __future__ import annotations
 
 import os
 import platform
 import random
+import statistics
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Sequence
+from typing import Callable, Dict, List, Sequence
 
 import torch
 
 AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"
+# The x86 flags that decide which int8 kernels run (VNNI: exact u8 x s8 int32 sums; AMX: tile GEMMs).
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
 
 
 @dataclass(frozen=True)
@@ -67,3 +72,38 @@ def environment_line(threads: int) -> str:
 
 def command_line(argv: Sequence[str], script: str) -> str:
     return "python scripts/" + Path(script).name + "".join(f" {a}" for a in argv)
+
+
+def seconds(fn: Callable[[], object]) -> float:
+    """Wall seconds of one call of ``fn``."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def interleaved(jobs: Dict[str, Callable[[], object]], reps: int) -> Dict[str, List[float]]:
+    """Seconds of every job over ``reps`` rounds, the order rotating every round (warm-ups are the caller's)."""
+    names = list(jobs)
+    times: Dict[str, List[float]] = {name: [] for name in names}
+    for rep in range(reps):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            times[name].append(seconds(jobs[name]))
+    return times
+
+
+def medians(times: Dict[str, List[float]]) -> Dict[str, float]:
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def cpu_facts() -> str:
+    """One line: the CPU model, torch's CPU capability and which of :data:`CPU_FLAGS` are present (VNNI or not)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    flags = next((set(ln.split(":", 1)[1].split()) for ln in lines if ln.startswith("flags")), set())
+    model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "?")
+    present = [f for f in CPU_FLAGS if f in flags]
+    vnni = "VNNI" if {"avx512_vnni", "avx_vnni"} & flags else "no VNNI"
+    return (f"CPU {model}; torch.backends.cpu.get_cpu_capability() = {torch.backends.cpu.get_cpu_capability()}; "
+            f"flags: {' '.join(present) or 'none of ' + ' '.join(CPU_FLAGS)} ({vnni})")

@@ -13,11 +13,15 @@ Every builder returns a callable ``tokens -> {"logits": tensor}`` or raises :cla
 from __future__ import annotations
 
 import copy
+import sys
 import tempfile
 from pathlib import Path
 from typing import Callable, Dict
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_ort  # noqa: E402  (sibling module: the ONNX export, ORT's quantize_dynamic and sessions)
 
 Forward = Callable[[torch.Tensor], Dict[str, torch.Tensor]]
 
@@ -26,23 +30,12 @@ class Skip(Exception):
     """An anchor that cannot run here; the message is the table's note."""
 
 
-class _Logits(torch.nn.Module):
-    """fair-esm's forward reduced to the logits tensor (what ONNX export and the compiler trace)."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.model(tokens)["logits"]
-
-
 def fp32_compiled(model: torch.nn.Module, tokens: torch.Tensor) -> Forward:
     try:
         import torch._inductor.config as inductor_config
 
         inductor_config.freezing = True
-        compiled = torch.compile(_Logits(model).eval())
+        compiled = torch.compile(bench_ort.Logits(model).eval())
         with torch.no_grad():
             compiled(tokens)  # compile now, not in the timed rounds
     except Exception as err:  # noqa: BLE001  (any compiler failure is a skipped row, named)
@@ -66,55 +59,39 @@ def ort_dynamic(model: torch.nn.Module, tokens: torch.Tensor, threads: int, weig
                 per_channel: bool = False, reduce_range: bool = True) -> Forward:
     """ONNX Runtime ``quantize_dynamic`` (u8 activations, ``weights`` "s8" or "u8"; per-tensor weights unless
     ``per_channel``: ORT's default). The export is made once per model."""
-    ort, quant = _onnxruntime()
-    folder = Path(tempfile.mkdtemp(prefix="bench_ort_"))
-    q8 = folder / "q8.onnx"
+    _require_onnxruntime()
+    q8 = Path(tempfile.mkdtemp(prefix="bench_ort_")) / "q8.onnx"
     try:
-        fp = _exported(model, tokens)
-        quant.quantize_dynamic(str(fp), str(q8), weight_type=_weight_type(quant, weights), per_channel=per_channel,
-                               reduce_range=reduce_range)
-        session = _session(ort, q8, threads)
+        bench_ort.quantize_dynamic(_exported(model, tokens), q8, weights, per_channel, reduce_range)
+        logits = bench_ort.logits_fn(q8, threads)
     except Exception as err:  # noqa: BLE001  (export or quantization failure: a skipped row, named)
         raise Skip(f"ONNX export / quantization failed: {type(err).__name__}: {str(err).splitlines()[0][:120]}") \
             from err
-    return lambda t: {"logits": torch.from_numpy(session.run(None, {"tokens": t.numpy()})[0])}
+    return lambda t: {"logits": logits(t)}
 
 
 def ort_exact(weights: str = "s8", per_channel: bool = False, reduce_range: bool = True) -> bool:
     """Whether ORT's dynamic int8 MatMul is exact here for this configuration: one Linear whose codes are the
     extreme pair (input 1.0 over its range [0, 1]: u8 255; weight 1.0: s8 127 or u8 255), against the exact 64.
     Without VNNI a u8 x s8 product saturates at int16 pair sums (32.4 instead of 64), silently."""
-    ort, quant = _onnxruntime()
+    _require_onnxruntime()
     folder = Path(tempfile.mkdtemp(prefix="bench_ort_probe_"))
     linear = torch.nn.Linear(64, 4, bias=False)
     with torch.no_grad():
         linear.weight.fill_(1.0)
-        x = torch.ones(2, 64)
-        torch.onnx.export(linear, (x,), str(folder / "fp.onnx"), dynamo=False, opset_version=17, input_names=["x"],
-                          output_names=["y"])
-    quant.quantize_dynamic(str(folder / "fp.onnx"), str(folder / "q8.onnx"), weight_type=_weight_type(quant, weights),
-                           per_channel=per_channel, reduce_range=reduce_range)
-    y = _session(ort, folder / "q8.onnx", 1).run(None, {"x": x.numpy()})[0]
+    x = torch.ones(2, 64)
+    fp = bench_ort.export_fp32(linear, x, folder / "fp.onnx", input_name="x", output_name="y", dynamic=False)
+    bench_ort.quantize_dynamic(fp, folder / "q8.onnx", weights, per_channel, reduce_range)
+    y = bench_ort.logits_fn(folder / "q8.onnx", 1, input_name="x")(x)
     return bool(abs(float(y[0, 0]) - 64.0) <= 64.0 * 0.02)  # 8-bit rounding of 1.0 stays well inside 2%
 
 
-def _onnxruntime():
+def _require_onnxruntime() -> None:
     try:
-        import onnxruntime as ort
-        from onnxruntime import quantization
+        import onnxruntime  # noqa: F401
+        from onnxruntime import quantization  # noqa: F401
     except ImportError as err:
         raise Skip("onnxruntime not installed (pip install 'ptq-protein[onnx]')") from err
-    return ort, quantization
-
-
-def _weight_type(quant, weights: str):
-    return {"s8": quant.QuantType.QInt8, "u8": quant.QuantType.QUInt8}[weights]
-
-
-def _session(ort, path: Path, threads: int):
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 _EXPORTS: Dict[int, Path] = {}
@@ -131,12 +108,8 @@ def _exported(model: torch.nn.Module, tokens: torch.Tensor) -> Path:
     medians): no ``Where`` over the attention scores.
     """
     if id(model) not in _EXPORTS:
-        fp = Path(tempfile.mkdtemp(prefix="bench_ort_fp_")) / "fp32.onnx"
         example = tokens.clone()
         example[-1, -3:] = getattr(model, "padding_idx", 1)  # the masked branch is the one traced
-        with torch.no_grad():  # not inference_mode: the legacy exporter needs version counters
-            torch.onnx.export(_Logits(model).eval(), (example,), str(fp), dynamo=False, opset_version=17,
-                              input_names=["tokens"], output_names=["logits"],
-                              dynamic_axes={"tokens": {0: "batch", 1: "length"}, "logits": {0: "batch", 1: "length"}})
-        _EXPORTS[id(model)] = fp
+        folder = Path(tempfile.mkdtemp(prefix="bench_ort_fp_"))
+        _EXPORTS[id(model)] = bench_ort.export_fp32(bench_ort.Logits(model), example, folder / "fp32.onnx")
     return _EXPORTS[id(model)]

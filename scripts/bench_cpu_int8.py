@@ -34,7 +34,6 @@ import copy
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
@@ -42,38 +41,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_cpu_anchors as anchor  # noqa: E402  (sibling script: the existing engines)
-from bench_cpu_int8_memory import print_memory  # noqa: E402  (sibling script: the resident-memory rows)
-from bench_quantize import (  # noqa: E402  (sibling script: shared model, sequences and table helpers)
+import bench_ort  # noqa: E402  (sibling module: ONNX Runtime sessions)
+from bench_common import (  # noqa: E402  (sibling module: shared model, sequences, timing and table helpers)
     FULL_SHAPE,
     QUICK_SHAPE,
     build_esm2,
     command_line,
+    cpu_facts,
     environment_line,
+    interleaved,
     markdown_table,
     random_sequences,
 )
+from bench_cpu_int8_memory import print_memory  # noqa: E402  (sibling script: the resident-memory rows)
 
 INT_PRESETS = ("w8a8-uniform", "w8a8-pwlq", "w8a8-pwlq-int")
-CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
-
-
-def cpu_facts() -> str:
-    flags = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-        model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                      if ln.startswith("model name")), "?")
-    except OSError:
-        model = "?"
-    present = [f for f in CPU_FLAGS if f in flags]
-    vnni = "VNNI" if {"avx512_vnni", "avx_vnni"} & flags else "no VNNI"
-    return (f"CPU {model}; torch.backends.cpu.get_cpu_capability() = {torch.backends.cpu.get_cpu_capability()}; "
-            f"flags: {' '.join(present) or 'none of ' + ' '.join(CPU_FLAGS)} ({vnni})")
-
-
 def build_models(model, seqs: Sequence[str], presets: Sequence[str], reference: Sequence[str], tokens: torch.Tensor,
                  threads: int, anchors: bool) -> Tuple[Dict[str, object], Dict[str, str]]:
     """Every timed model (callables ``tokens -> {"logits"}``) and the skipped rows' notes, in table order."""
@@ -135,15 +117,14 @@ def exported_row(qmodel: torch.nn.Module, tokens: torch.Tensor, threads: int):
     import ptq_protein as pp
 
     try:
-        from ptq_protein.interop.onnx_export import export_onnx, ort_session
+        from ptq_protein.interop.onnx_export import export_onnx
 
         folder = Path(tempfile.mkdtemp(prefix="bench_export_"))
         pp.save(qmodel, folder / "artifact")
-        export_onnx(folder / "artifact", folder / "model.onnx")
-        session = ort_session(folder / "model.onnx", threads)
+        logits = bench_ort.logits_fn(export_onnx(folder / "artifact", folder / "model.onnx"), threads, "input_ids")
     except Exception as err:  # noqa: BLE001  (onnxruntime missing or export failure: a skipped row, named)
         raise anchor.Skip(f"ONNX export failed: {type(err).__name__}: {str(err).splitlines()[0][:120]}") from err
-    return lambda t: {"logits": torch.from_numpy(session.run(None, {"input_ids": t.numpy()})[0])}
+    return lambda t: {"logits": logits(t)}
 
 
 def fake_twin(fast: torch.nn.Module) -> torch.nn.Module:
@@ -191,7 +172,6 @@ def time_forwards(models: Dict[str, object], tokens: torch.Tensor, reps: int) ->
     """
     import ptq_protein as pp
 
-    times: Dict[str, List[float]] = {name: [] for name in models}
     engines, errors = {}, {}
     with torch.no_grad():
         ref = models["FP32 eager"](tokens)["logits"].double()
@@ -199,12 +179,7 @@ def time_forwards(models: Dict[str, object], tokens: torch.Tensor, reps: int) ->
             logits = m(tokens.to(torch.long))["logits"].double()
             errors[name] = float((logits - ref).norm() / ref.norm())
             engines[name] = pp.engine_used(m) if hasattr(m, "ptq_state") else None
-        names = list(models)
-        for rep in range(reps):
-            for name in names[rep % len(names):] + names[:rep % len(names)]:
-                start = time.perf_counter()
-                models[name](tokens)
-                times[name].append(time.perf_counter() - start)
+        times = interleaved({name: lambda m=m: m(tokens) for name, m in models.items()}, reps)
     return {name: (statistics.median(v), min(v), engines[name], errors[name]) for name, v in times.items()}
 
 
@@ -268,9 +243,6 @@ def tail_table(big, big_tokens, label: str, exact_knots: bool = False) -> List[l
         tokens = get_adapter(tiny).make_batch(seqs[4:]).inputs["tokens"]
         rows.append([label, *tail_rates(q, tokens).values()])
     return rows
-
-
-# --- memory (fresh processes) ------------------------------------------------------
 
 
 # --- tables ------------------------------------------------------------------------------

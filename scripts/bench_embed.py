@@ -37,8 +37,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import ModelShape, command_line, environment_line, markdown_table  # noqa: E402
-from bench_cpu_int8 import cpu_facts  # noqa: E402
+from bench_common import ModelShape, command_line, cpu_facts, environment_line, markdown_table  # noqa: E402
 from bench_score import score_table  # noqa: E402
 
 GOAL_VS_FAIR_ESM, GOAL_VS_HF, GOAL_ERROR, GOAL_MEMORY = 1.6, 1.15, 0.02, 0.4

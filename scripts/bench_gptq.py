@@ -25,7 +25,6 @@ import copy
 import gc
 import json
 import resource
-import statistics
 import sys
 from pathlib import Path
 from typing import Callable, Dict, List, Sequence
@@ -33,21 +32,19 @@ from typing import Callable, Dict, List, Sequence
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_quantize import (  # noqa: E402  (sibling script: shared model, sequences and table helpers)
+from bench_common import (  # noqa: E402  (sibling module: shared model, sequences, timing and table helpers)
     FULL_SHAPE,
     QUICK_SHAPE,
     ModelShape,
-    _current_rss_kib,
-    _fp_forwards,
-    _reset_peak_rss,
-    _seconds,
     build_esm2,
     command_line,
     environment_line,
+    interleaved,
     markdown_table,
+    medians,
     random_sequences,
-    run_memory_child,
 )
+from bench_quantize import _current_rss_kib, _fp_forwards, _reset_peak_rss, run_memory_child  # noqa: E402
 
 RECIPE = "w4-gptq"
 
@@ -88,12 +85,7 @@ def _jobs(model, seqs: Sequence[str], batch_size: int) -> Dict[str, Callable[[],
 def bench_time(model, seqs: Sequence[str], batch_size: int, reps: int) -> Dict[str, float]:
     jobs = _jobs(model, seqs, batch_size)
     jobs["fp"]()  # warm-up
-    times: Dict[str, List[float]] = {name: [] for name in jobs}
-    names = list(jobs)
-    for rep in range(reps):
-        for name in names[rep % len(names):] + names[:rep % len(names)]:
-            times[name].append(_seconds(jobs[name]))
-    return {name: statistics.median(values) for name, values in times.items()}
+    return medians(interleaved(jobs, reps))
 
 
 def memory_child(shape: ModelShape, job: str, count: int, batch_size: int, threads: int) -> Dict[str, int]:

@@ -30,24 +30,25 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Callable, Dict, List, Sequence
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cpu_int8 import cpu_facts  # noqa: E402
-from bench_quantize import (  # noqa: E402  (sibling script: shared model, sequences and table helpers)
+import bench_ort  # noqa: E402  (sibling module: the ONNX export, ORT's quantize_dynamic and sessions)
+from bench_common import (  # noqa: E402  (sibling module: shared model, sequences, timing and table helpers)
     FULL_SHAPE,
     QUICK_SHAPE,
     build_esm2,
     command_line,
+    cpu_facts,
     environment_line,
+    interleaved,
     markdown_table,
+    medians,
     random_sequences,
 )
 
@@ -63,72 +64,39 @@ def _config(recipe: str):
     return recipe
 
 
-class _Logits(torch.nn.Module):
-    """fair-esm ``tokens -> logits``, for the FP32 export."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids):
-        return self.model(input_ids)["logits"]
-
-
-def _fp_export(model, path: Path) -> None:
-    import warnings
-
-    from ptq_protein.interop.onnx_export import OPSET, example_ids
-
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(_Logits(model).eval(), (example_ids(),), str(path), input_names=["input_ids"],
-                          output_names=["logits"], opset_version=OPSET, dynamo=False,
-                          dynamic_axes={"input_ids": {0: "batch", 1: "length"}, "logits": {0: "batch", 1: "length"}})
-
-
 def build_paths(shape, threads: int, length: int, folder: Path) -> tuple:
     """``({name: () -> logits}, tokens)`` for every path of the table."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
     import ptq_protein as pp
-    from ptq_protein.interop.onnx_export import export_onnx, ort_session
+    from ptq_protein.interop.onnx_export import example_ids, export_onnx
     from ptq_protein.models.adapters import get_adapter
 
     model, _ = build_esm2(shape)
     seqs = random_sequences(4, length, seed=1)
     tokens = get_adapter(model).make_batch([s[: length - i * length // 8] for i, s in enumerate(seqs)]).inputs["tokens"]
-    feed = {"input_ids": tokens.numpy()}
     paths: Dict[str, Callable[[], object]] = {"torch FP32": lambda: model(tokens)["logits"]}
-    _fp_export(model, folder / "fp.onnx")
-    sessions = {"ORT FP32": ort_session(folder / "fp.onnx", threads)}
+    fp = bench_ort.export_fp32(bench_ort.Logits(model), example_ids(), folder / "fp.onnx", input_name="input_ids")
+    graphs = {"ORT FP32": fp}
     for recipe in RECIPES:
         qmodel = pp.quantize(model, _config(recipe), calibration=random_sequences(8, length, seed=2))
         pp.save(qmodel, folder / recipe)
-        export_onnx(folder / recipe, folder / f"{recipe}.onnx")
+        graphs[f"ORT ours {recipe}"] = export_onnx(folder / recipe, folder / f"{recipe}.onnx")
         paths[f"torch {recipe} fake"] = lambda q=qmodel: q(tokens)["logits"]
         fake64 = copy.deepcopy(qmodel).double()
         paths[f"torch {recipe} fake float64"] = lambda q=fake64: q(tokens)["logits"].float()
-        sessions[f"ORT ours {recipe}"] = ort_session(folder / f"{recipe}.onnx", threads)
     for reduce in (False, True):
         name = f"ORT quantize_dynamic{' reduce_range' if reduce else ''}"
-        quantize_dynamic(folder / "fp.onnx", folder / f"{name}.onnx", weight_type=QuantType.QInt8, reduce_range=reduce)
-        sessions[name] = ort_session(folder / f"{name}.onnx", threads)
-    for name, session in sessions.items():
-        paths[name] = lambda s=session: torch.from_numpy(s.run(None, feed)[0])
+        graphs[name] = bench_ort.quantize_dynamic(fp, folder / f"{name}.onnx", "s8", reduce_range=reduce)
+    for name, graph in graphs.items():
+        run = bench_ort.logits_fn(graph, threads, input_name="input_ids")
+        paths[name] = lambda run=run: run(tokens)
     return paths, tokens
 
 
 def bench(paths: Dict[str, Callable[[], object]], reps: int) -> Dict[str, float]:
-    names, times = list(paths), {n: [] for n in paths}
     with torch.no_grad():
-        for name in names:
-            paths[name]()  # warm-up
-        for rep in range(reps):
-            for name in names[rep % len(names):] + names[: rep % len(names)]:
-                start = time.perf_counter()
-                paths[name]()
-                times[name].append(time.perf_counter() - start)
-    return {n: statistics.median(t) for n, t in times.items()}
+        for path in paths.values():
+            path()  # warm-up
+        return medians(interleaved(paths, reps))
 
 
 def rows(paths, tokens, medians: Dict[str, float]) -> List[list]:

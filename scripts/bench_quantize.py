@@ -40,15 +40,18 @@ from unittest import mock
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import (  # noqa: E402  (sibling module; re-exported for the other bench scripts)
+from bench_common import (  # noqa: E402  (sibling module: shared model, sequences, timing and table helpers)
     FULL_SHAPE,
     QUICK_SHAPE,
     ModelShape,
     build_esm2,
     command_line,
     environment_line,
+    interleaved,
     markdown_table,
+    medians,
     random_sequences,
+    seconds,
 )
 
 # Goals of issue 2.
@@ -60,12 +63,6 @@ MEMORY_SIZES = (10, 200)
 
 
 # --- timing --------------------------------------------------------------------
-
-
-def _seconds(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def _fp_forwards(model, adapter, batches) -> None:
@@ -109,7 +106,7 @@ def bench_calibration(model, seqs: Sequence[str], batch_size: int, reps: int) ->
         jobs = ["fp", *PRESETS]
         for job in jobs[rep % len(jobs):] + jobs[:rep % len(jobs)]:
             if job == "fp":
-                times["fp"].append(_seconds(lambda: _fp_forwards(model, adapter, batches)))
+                times["fp"].append(seconds(lambda: _fp_forwards(model, adapter, batches)))
                 continue
             qmodels[job], total, calib = _quantize_timed(model, job, seqs, batch_size)
             times.setdefault(f"{job}/total", []).append(total)
@@ -123,13 +120,9 @@ def bench_forward(model, qmodels: Dict[str, torch.nn.Module], tokens: torch.Tens
     The models run interleaved.
     """
     models = {"fp": model, **qmodels}
-    times: Dict[str, List[float]] = {name: [] for name in models}
     with torch.no_grad():
-        first = {name: _seconds(lambda m=m: m(tokens)) for name, m in models.items()}  # warm-up
-        names = list(models)
-        for rep in range(reps):
-            for name in names[rep % len(names):] + names[:rep % len(names)]:
-                times[name].append(_seconds(lambda name=name: models[name](tokens)))
+        first = {name: seconds(lambda m=m: m(tokens)) for name, m in models.items()}  # warm-up
+        times = interleaved({name: lambda m=m: m(tokens) for name, m in models.items()}, reps)
     return {name: (first[name], statistics.median(values)) for name, values in times.items()}
 
 
@@ -184,12 +177,7 @@ def bench_calibrate_only(model, seqs: Sequence[str], batch_size: int, reps: int)
     jobs.update({p: prepared_calibration(copy.deepcopy(model), p, seqs, batch_size) for p in PRESETS})
     for job in jobs.values():
         job()  # warm-up
-    times: Dict[str, List[float]] = {name: [] for name in jobs}
-    names = list(jobs)
-    for rep in range(reps):
-        for name in names[rep % len(names):] + names[:rep % len(names)]:
-            times[name].append(_seconds(jobs[name]))
-    return {name: statistics.median(values) for name, values in times.items()}
+    return medians(interleaved(jobs, reps))
 
 
 def calibrate_only_rows(t: Dict[str, float]) -> List[list]:

@@ -20,8 +20,9 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
@@ -91,7 +92,7 @@ def bench_auto(name: str, model, budget: str, search: List[str], held: List[str]
             "baselines": rows, "best_single": best}
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="ESM-2 auto only (smoke test)")
     parser.add_argument("--parts", default="auto-esm2,auto-esmfold,sensitivity",
@@ -101,7 +102,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--recycles", type=int, help="ESMFold recycles everywhere (default: the model's, 2 for tiny)")
     parser.add_argument("--json", help="write the results here (rewritten after each part)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     parts = ["auto-esm2"] if args.quick else [p.strip() for p in args.parts.split(",")]
     facts = {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
              "machine": platform.machine(), "crop": args.crop, "recycles": args.recycles}
@@ -125,7 +126,8 @@ def main() -> None:
         if args.json:
             with open(args.json, "w") as handle:
                 handle.write(text)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

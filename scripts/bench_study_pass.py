@@ -18,7 +18,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
+import sys
 import time
+from typing import Optional, Sequence
 from unittest import mock
 
 import torch
@@ -31,11 +33,11 @@ from ptq_protein.workflows import shared_calibration
 OURS = ["w8a8-pwlq", "w8a8-uniform"]
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--calib", default="casp14:50")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     model, _ = tiny_esmfold()
     adapter = get_adapter(model)
     _, seqs = calibration_sequences(adapter, args.calib, 128)
@@ -69,7 +71,8 @@ def main() -> None:
     for name, values in times.items():
         med = statistics.median(values)
         print(f"| {name} | {med:.1f} | {med / base:.2f}x |")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -25,6 +25,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "eval" / "data"
@@ -73,12 +74,12 @@ def time_tmtools(pairs: list, fixed: bool) -> float:
     return time.perf_counter() - start
 
 
-def main() -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="a torch device, or numpy (default: cpu)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     import torch
 
     if args.threads:

@@ -16,14 +16,15 @@ The tiny-ESMFold row (TM-score of each recipe's prediction against the FP model'
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_quantize import FULL_SHAPE, build_esm2, markdown_table, random_sequences  # noqa: E402
+from bench_common import FULL_SHAPE, build_esm2, markdown_table, random_sequences  # noqa: E402
 
 RECIPES = ("w8a8-uniform", "w8a8-pwlq", "w8a8-pwlq-int")
 
@@ -42,7 +43,8 @@ def logits_errors(model, calib: List[str], test: List[str]) -> Dict[str, float]:
     return out
 
 
-def main() -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     from ptq_protein.models.tiny import tiny_esm2
 
     torch.manual_seed(0)

@@ -160,3 +160,21 @@ def test_bench_embed_quick_judges_every_goal(capsys):
     drift = float(score[-1][3])
     assert 0.9 < drift <= 1.0  # random weights: a toolkit check (w8a8-pwlq keeps the ranking of mutants)
     assert re.search(r"w8a8-pwlq drift Spearman \d\.\d{4} \(goal >= 0\.99: (met|missed)\)", out)
+
+
+def test_bench_entry_point_lists_and_dispatches_every_bench(capsys):
+    """``python -m scripts.bench``: every name maps to a script whose ``main`` takes argv, and has a description."""
+    import ast
+
+    bench = _load("bench")
+    for name, module in bench.BENCHES.items():
+        tree = ast.parse((SCRIPTS / f"{module}.py").read_text())
+        (main,) = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "main"]
+        assert main.args.args, f"{module}.main takes no argv"
+        assert bench.describe(module), name
+    assert bench.main(["--list"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == len(bench.BENCHES)
+    assert bench.main(["no-such-bench"]) == 2
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["tmscore", "--help"])
+    assert exit_.value.code == 0 and "--rounds" in capsys.readouterr().out

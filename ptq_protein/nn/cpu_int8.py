@@ -155,7 +155,7 @@ def gemm_add_(out: torch.Tensor, a: torch.Tensor, packed: Packed, x_scale: float
 def as_u8(a: torch.Tensor, x_zero: int) -> Tuple[torch.Tensor, int]:
     """int8 codes as the u8 operand and zero point PyTorch prepacks its weights for: ``a + 128`` (the sign bit
     flipped, one byte pass) and ``x_zero + 128``, the same product. oneDNN runs int8 (s8) activations against
-    these weights in its reference kernel on some AVX-512 VNNI CPUs (measured on an AMD EPYC Zen 5: 11 s for one
+    these weights in its reference kernel on some AVX-512 VNNI CPUs (measured on an AMD EPYC Zen 4: 11 s for one
     408 x 480 x 1440 GEMM, against 10 ms with u8), and ``u8`` is what its fast kernels are built for everywhere."""
     return torch.bitwise_xor(a.view(torch.uint8), 128), int(x_zero) + 128
 
