@@ -18,6 +18,7 @@ from ptq_protein.errors import InputError
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.mapped import mapped_file_of
 from ptq_protein.passes.fit_activations import fit_activation_quantizers  # re-exported: public since 0.1
+from ptq_protein.passes.float_source import require_float
 from ptq_protein.passes.plan import plan_calibration, static_sites
 from ptq_protein.passes.recipe import resolve_recipe
 from ptq_protein.passes.run import Run
@@ -73,6 +74,7 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     """
     cfg = _resolved(config, backend)
     adapter = get_adapter(model)
+    require_float(model)
     _check_run_options(adapter, calib_max_length, num_recycles)
     qmodel = model if inplace else copy.deepcopy(model)
     # weights memory-mapped by load_model(mmap=True): hand each layer's pages back once used

@@ -117,11 +117,9 @@ def become(model: PreTrainedModel, loaded: nn.Module, folder: Path) -> None:
 
 
 def _holds_quantized_modules(model: nn.Module) -> bool:
-    from ptq_protein.calibration.matmul_sites import QuantMatmulHost
-    from ptq_protein.nn.modules import QuantInput, QuantLinear
+    from ptq_protein.passes.float_source import quantized_recipe
 
-    return getattr(model, "ptq_state", None) is not None or any(
-        isinstance(m, (QuantLinear, QuantInput, QuantMatmulHost)) for m in model.modules())
+    return quantized_recipe(model) is not None
 
 
 def save_pretrained(model: PreTrainedModel, save_directory, is_main_process: bool = True,

@@ -26,6 +26,7 @@ from ptq_protein.eval.bench.results_store import ResultsStore, check_run_info
 from ptq_protein.io_utils import atomic_write_text
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.fingerprint import model_fingerprint
+from ptq_protein.passes.float_source import require_float
 from ptq_protein.presets import resolve_config
 from ptq_protein.report import asymmetry
 from ptq_protein.search.metrics import METRIC_VALUES, Metric, Scorer, choose_metric
@@ -72,6 +73,7 @@ def sensitivity(model: nn.Module, recipe: Union[str, QuantConfig, dict] = "w8a8-
     """
     config = resolve_config(recipe)
     adapter = get_adapter(model)
+    require_float(model)
     metric = choose_metric(adapter.family, metric)
     unit = UnitKind(unit)
     seq_name, seqs = resolve_calibration(sequences)
