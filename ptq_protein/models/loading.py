@@ -292,18 +292,21 @@ def _load_fair_esm(name: str, path: Path, data: dict, allow_pickle: bool):
 
 
 def _load_hf_folder(folder: Path):
-    """EsmForMaskedLM or EsmForProteinFolding (from config.is_folding_model), all keys required."""
-    from transformers import EsmConfig, EsmForMaskedLM, EsmForProteinFolding, EsmTokenizer
+    """EsmForProteinFolding (config.is_folding_model), EsmModel (a trunk saved without a head, as its
+    config.json's ``architectures`` says) or EsmForMaskedLM; all keys required."""
+    from transformers import EsmConfig, EsmForMaskedLM, EsmForProteinFolding, EsmModel, EsmTokenizer
 
     try:
         config = EsmConfig.from_pretrained(folder, local_files_only=True)
     except (OSError, ValueError, TypeError) as e:
         raise InputError(f"{folder}/config.json is not an ESM config ({e}); point at an ESM-2 or ESMFold folder") from e
     folding = bool(config.is_folding_model)
-    model_class = EsmForProteinFolding if folding else EsmForMaskedLM
+    trunk = not folding and list(config.architectures or ()) == ["EsmModel"]
+    model_class = EsmForProteinFolding if folding else EsmModel if trunk else EsmForMaskedLM
     try:
+        extra = {"add_pooling_layer": _has_pooler(folder)} if trunk else {}
         model, info = model_class.from_pretrained(folder, config=config, local_files_only=True,
-                                                  output_loading_info=True)
+                                                  output_loading_info=True, **extra)
     except Exception as e:  # noqa: BLE001 -- safetensors/torch raise many types for a bad file
         detail = " ".join(str(e).split())
         if "size mismatch" in detail or "shape" in detail:
@@ -324,6 +327,17 @@ def _load_hf_folder(folder: Path):
         tokenizer = esmfold_tokenizer() if folding else esm_tokenizer(config.vocab_list or ())
     family = ModelFamily.HF_ESMFOLD if folding else ModelFamily.HF_ESM
     return model.eval(), tokenizer, family
+
+
+def _has_pooler(folder: Path) -> bool:
+    """Whether an ``EsmModel`` folder holds pooler weights (``EsmForMaskedLM.esm`` is saved without them)."""
+    from safetensors import safe_open
+
+    path = folder / "model.safetensors"
+    if not path.is_file():
+        return True  # a .bin: transformers' default, and its own missing-key message otherwise
+    with safe_open(str(path), framework="pt") as f:
+        return any(key.startswith("pooler.") for key in f.keys())
 
 
 def _place(loaded: LoadedModel, device, dtype: torch.dtype, fp16_esm: Optional[bool]) -> LoadedModel:
