@@ -40,37 +40,11 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
              calibration: CalibrationArg = None, *, batch_size: Optional[int] = None, backend: Optional[str] = None,
              inplace: bool = False, progress: bool = False, num_recycles: Optional[int] = None,
              calib_max_length: Optional[int] = None, statistics: Optional[CalibrationPass] = None) -> nn.Module:
-    """Quantize an ESM model (fair-esm or transformers) and return it, called like the original.
+    """The recipe driver behind `pp.quantize` (`ptq_protein.search.entry.quantize`), which documents
+    every parameter.
 
-    The config's passes (:mod:`ptq_protein.passes.recipe`) run in order on one
-    record, after one plan of their calibration (:mod:`ptq_protein.passes.plan`).
-
-    Parameters
-    ----------
-    model : fair-esm ``ESM2`` / ``ProteinBertModel``, transformers ``EsmModel`` /
-        ``EsmForMaskedLM`` / ``EsmForProteinFolding``.
-    config : a preset name (``"w8a8-pwlq"``, see ``ptq_protein.presets.PRESETS``),
-        a :class:`QuantConfig`, or its ``to_dict()``.
-    calibration : FASTA path, bundled set spec (``"casp14:50"``), or a list of
-        sequences; needed when activations are static.
-    batch_size : calibration batch size (None: the model family's, 1 for ESMFold and 4 for language models).
-    backend : ``"fake"`` (simulation) or ``"int8"`` (integer GEMMs); overrides the config.
-    inplace : modify ``model`` itself instead of a deep copy (the CLI does: no second
-        copy of the weights). Float weights are dropped as each layer is swapped.
-    num_recycles : ESMFold only: recycles during calibration (default: the model's).
-    calib_max_length : crop calibration sequences longer than this to their central
-        window of this many residues (None keeps them whole). ESMFold's triangle
-        attention is cubic in length, so long sequences dominate CPU calibration.
-    statistics : a :class:`CalibrationPass` from an earlier pass over this same
-        model (``ptq_protein.workflows.shared_calibration.calibrate_recipes``): used instead of
-        calibrating, so several recipes share one pass; ``calibration``,
-        ``batch_size``, ``num_recycles`` and ``calib_max_length`` are then unused.
-        A pass that lacks this recipe's statistics is refused (ValueError).
-
-    Example
-    -------
-    >>> qmodel = quantize(model, "w8a8-pwlq", calibration="casp14:50")  # doctest: +SKIP
-    >>> logits = qmodel(tokens)["logits"]                                 # doctest: +SKIP
+    The config's passes (`ptq_protein.passes.recipe`) run in order on one record, after one plan
+    of their calibration (`ptq_protein.passes.plan`).
     """
     cfg = _resolved(config, backend)
     adapter = get_adapter(model)

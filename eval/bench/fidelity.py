@@ -121,7 +121,7 @@ def compare_to_reference(q_model: nn.Module, references: Sequence[Reference],
 
 def compare_models(fp_model: nn.Module, q_model: nn.Module, sequences: Sequence[str],
                    adapter: ModelAdapter = None) -> Dict[str, float]:
-    """Mean fidelity metrics over ``sequences`` (one at a time, so no padding is involved)."""
+    """Mean fidelity metrics over `sequences` (one at a time, so no padding is involved)."""
     adapter = adapter or get_adapter(fp_model)
     return compare_to_reference(q_model, reference_outputs(fp_model, sequences, adapter), adapter)
 

@@ -52,8 +52,8 @@ _EXAMPLE_LENGTHS = (7, 4)  # residues of the two traced sequences: a padded batc
 
 def export_onnx(artifact: Union[str, Path], out: Union[str, Path], *, force: bool = False,
                 hidden_states: bool = False) -> Path:
-    """Write the artifact's model as ONNX QDQ to the file ``out``, and its id table beside it (``vocab.txt``,
-    ``tokens.json``); refuse what QDQ cannot express, in one line. ``hidden_states``: add every layer's output."""
+    """Write the artifact's model as ONNX QDQ to the file `out`, and its id table beside it (`vocab.txt`,
+    `tokens.json`); refuse what QDQ cannot express, in one line. `hidden_states`: add every layer's output."""
     try:
         import onnx  # noqa: F401  (the exporter writes through it)
     except ImportError as err:

@@ -122,25 +122,25 @@ def load_model(name_or_path: Union[str, os.PathLike], weights: Optional[Union[st
     Parameters
     ----------
     name_or_path
-        Tiny name (``tiny-esm2[@SEED]``), fair-esm name, ``esmfold``, HF repo id, or a path.
+        Tiny name (`tiny-esm2[@SEED]`), fair-esm name, `esmfold`, HF repo id, or a path.
     weights
         Explicit checkpoint file or HF folder (overrides every search).
     device, dtype
         Where and in which floating dtype to put the model.
     seed
-        Seed of a tiny model (default 0; also settable as ``name@SEED``).
+        Seed of a tiny model (default 0; also settable as `name@SEED`).
     config
-        ``EsmConfig`` for a fair-esm ESMFold file (default: the v1 config).
+        `EsmConfig` for a fair-esm ESMFold file (default: the v1 config).
     fp16_esm
         ESMFold only: keep the ESM-2 stem in float16; default False on CPU, else the config's value.
     allow_pickle
-        Fully unpickle ``.pt`` files (only for files you trust); default: tensors only.
+        Fully unpickle `.pt` files (only for files you trust); default: tensors only.
     hash_weights
-        Compute ``source_sha256`` (reads the whole file once).
+        Compute `source_sha256` (reads the whole file once).
     mmap
-        fair-esm ``.pt`` files: memory-map the file; the weights are read as used and
-        :func:`ptq_protein.quantize` (``inplace=True``) hands each layer's pages back
-        once used (see :mod:`ptq_protein.models.mapped`). Do not edit such a model's
+        fair-esm `.pt` files: memory-map the file; the weights are read as used and
+        `ptq_protein.quantize` (`inplace=True`) hands each layer's pages back
+        once used (see `ptq_protein.models.mapped`). Do not edit such a model's
         weights in place. Default False: the file is read into memory (still no
         second copy: the model is built on the meta device).
 
@@ -150,8 +150,8 @@ def load_model(name_or_path: Union[str, os.PathLike], weights: Optional[Union[st
         Nothing local matches; the message lists what was searched.
     InputError
         Unknown name, corrupt file, weights that do not fit the architecture, a
-        published name (``esm2_t6_8M_UR50D``) on a file of other shapes
-        (:mod:`~ptq_protein.models.declared`), or a dangling HF ``refs/main``.
+        published name (`esm2_t6_8M_UR50D`) on a file of other shapes
+        (`ptq_protein.models.declared`), or a dangling HF `refs/main`.
     """
     name = str(name_or_path)
     tiny = _TINY_SEED.fullmatch(name)
