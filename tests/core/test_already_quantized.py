@@ -20,6 +20,21 @@ def artifact(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def fair_artifact(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("art") / "fair-w8"
+    assert main(["quantize", "tiny-esm2", "--preset", "w8-only", "--check", "0", "--out", str(folder), "--quiet"]) == 0
+    return folder
+
+
+def test_eval_of_a_fair_esm_artifact_says_what_it_is(fair_artifact, tmp_path, capsys):
+    """Was: '... is a folder but not a Hugging Face model folder'."""
+    code = main(["eval", "contacts", "--model", str(fair_artifact), "--limit", "1", "--out", str(tmp_path / "ev")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "already quantized (w8-only)" in err and "(tiny-esm2)" in err, err
+    assert "Hugging Face" not in err
+
+
+@pytest.fixture(scope="module")
 def quantized(artifact):
     return pp.load(artifact)
 

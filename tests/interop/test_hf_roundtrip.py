@@ -132,7 +132,7 @@ def test_without_ptq_protein_transformers_says_what_to_install(masked_lm_artifac
 
     monkeypatch.delitem(auto.AUTO_QUANTIZATION_CONFIG_MAPPING, "ptq_protein")
     monkeypatch.delitem(auto.AUTO_QUANTIZER_MAPPING, "ptq_protein")
-    with pytest.raises(ValueError, match="pip install ptq-protein"):
+    with pytest.raises(ValueError, match="install ptq-protein from source"):
         AutoModelForMaskedLM.from_pretrained(masked_lm_artifact)
 
 
