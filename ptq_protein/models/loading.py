@@ -243,6 +243,9 @@ def _read_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: 
     label = path.stem if Path(name).expanduser().absolute() == path else name
     if path.is_dir():
         if not resolve.is_hf_folder(path):
+            if (path / "recipe.json").is_file():  # a fair-esm artifact: not a model folder of any kind
+                raise InputError(f"{path} is a ptq-protein artifact (recipe.json), not a float model: load it with "
+                                 "ptq_protein.load, or load its source model")
             raise InputError(f"{path} is a folder but not a Hugging Face model folder (needs config.json and "
                              "model.safetensors or pytorch_model.bin); point at the snapshot folder")
         model, tokenizer, family = _load_hf_folder(path)

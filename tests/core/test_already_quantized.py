@@ -79,3 +79,9 @@ def test_cli_refuses_an_artifact_as_the_model(artifact, tmp_path, capsys, argv):
     assert code == 2, err
     assert "\n" not in err and "already quantized (w8a8-uniform)" in err and "(tiny-esm2-hf)" in err, err
     assert not (tmp_path / "again").exists()
+
+
+def test_load_model_of_a_fair_esm_artifact_names_it(fair_artifact):
+    with pytest.raises(InputError, match=r"is a ptq-protein artifact \(recipe.json\), not a float model: load it "
+                                         r"with ptq_protein.load"):
+        pp.load_model(str(fair_artifact))
