@@ -70,13 +70,13 @@ class LDDTResult:
 def lddt(model: Any, native: Any, pairing: Union[str, Pairing] = "number", *,
          mode: Union[str, LDDTMode] = "auto", model_chain: Optional[str] = None,
          native_chain: Optional[str] = None, cutoff: float = INCLUSION_RADIUS) -> LDDTResult:
-    """lDDT of ``model`` against ``native``.
+    """lDDT of `model` against `native`.
 
     Parameters
     ----------
     model, native : Structure, path, PDB/mmCIF text, or CA array [L, 3]
     pairing : "number" or "sequence"
-        How model residues are matched to native residues (see :func:`pair_residues`).
+        How model residues are matched to native residues (see `pair_residues`).
     mode : "auto", "ca" or "all"
     cutoff : float
         Inclusion radius in Å on native distances.

@@ -91,15 +91,15 @@ def tm_score(model: Any, native: Any, pairing: Union[str, Pairing] = "number", *
     model, native : Structure, path, PDB/mmCIF text, or CA array [L, 3]
         Arrays are numbered 1..L (so two arrays pair row by row); NaN rows are missing.
     pairing : "number" or "sequence"
-        ``number`` pairs equal residue numbers (and insertion codes), as TMscore
-        does; ``sequence`` pairs residues through a global sequence alignment
+        `number` pairs equal residue numbers (and insertion codes), as TMscore
+        does; `sequence` pairs residues through a global sequence alignment
         (natives in author numbering, e.g. cameo2022).
     model_chain, native_chain : str, optional
         Chains to read from files (default: the first).
     normalize : "native" or "sequence"
-        Normalise by the native's residues with a CA (``TMscore model native``,
-        the default) or by the model's (``TMscore native model``; for a
-        prediction, its full sequence). See :class:`TMNormalize`.
+        Normalise by the native's residues with a CA (`TMscore model native`,
+        the default) or by the model's (`TMscore native model`; for a
+        prediction, its full sequence). See `TMNormalize`.
 
     Returns
     -------

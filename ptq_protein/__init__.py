@@ -11,7 +11,7 @@ Attributes are imported lazily so that ``import ptq_protein`` (and the CLI's
 """
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ptq_protein import _compat
 
@@ -43,6 +43,30 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
+
+if TYPE_CHECKING:  # what __getattr__ returns, for type checkers and the API reference (test_layout: the same names)
+    from ptq_protein.api import QuantState as QuantState
+    from ptq_protein.artifact import load as load
+    from ptq_protein.artifact import save as save
+    from ptq_protein.config import Backend as Backend
+    from ptq_protein.config import BreakpointMethod as BreakpointMethod
+    from ptq_protein.config import Engine as Engine
+    from ptq_protein.config import Granularity as Granularity
+    from ptq_protein.config import QuantConfig as QuantConfig
+    from ptq_protein.config import RangeMethod as RangeMethod
+    from ptq_protein.config import Scheme as Scheme
+    from ptq_protein.config import SiteKind as SiteKind
+    from ptq_protein.config import TensorQuant as TensorQuant
+    from ptq_protein.eval.bench.fidelity import compare_models as compare_models
+    from ptq_protein.interop.onnx_export import export_onnx as export_onnx
+    from ptq_protein.models.loading import load_model as load_model
+    from ptq_protein.nn.int_exec import engine_used as engine_used
+    from ptq_protein.nn.int_exec import set_engine as set_engine
+    from ptq_protein.presets import PRESETS as PRESETS
+    from ptq_protein.presets import get_preset as get_preset
+    from ptq_protein.search.entry import quantize as quantize
+    from ptq_protein.search.sensitivity import sensitivity as sensitivity
+    from ptq_protein.workloads.embed_store import read_embeddings as read_embeddings
 
 _compat.install()
 

@@ -18,6 +18,7 @@ from ptq_protein.errors import InputError
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.mapped import mapped_file_of
 from ptq_protein.passes.fit_activations import fit_activation_quantizers  # re-exported: public since 0.1
+from ptq_protein.passes.float_source import require_float
 from ptq_protein.passes.plan import plan_calibration, static_sites
 from ptq_protein.passes.recipe import resolve_recipe
 from ptq_protein.passes.run import Run
@@ -39,40 +40,15 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
              calibration: CalibrationArg = None, *, batch_size: Optional[int] = None, backend: Optional[str] = None,
              inplace: bool = False, progress: bool = False, num_recycles: Optional[int] = None,
              calib_max_length: Optional[int] = None, statistics: Optional[CalibrationPass] = None) -> nn.Module:
-    """Quantize an ESM model (fair-esm or transformers) and return it, called like the original.
+    """The recipe driver behind `pp.quantize` (`ptq_protein.search.entry.quantize`), which documents
+    every parameter.
 
-    The config's passes (:mod:`ptq_protein.passes.recipe`) run in order on one
-    record, after one plan of their calibration (:mod:`ptq_protein.passes.plan`).
-
-    Parameters
-    ----------
-    model : fair-esm ``ESM2`` / ``ProteinBertModel``, transformers ``EsmModel`` /
-        ``EsmForMaskedLM`` / ``EsmForProteinFolding``.
-    config : a preset name (``"w8a8-pwlq"``, see ``ptq_protein.presets.PRESETS``),
-        a :class:`QuantConfig`, or its ``to_dict()``.
-    calibration : FASTA path, bundled set spec (``"casp14:50"``), or a list of
-        sequences; needed when activations are static.
-    batch_size : calibration batch size (None: the model family's, 1 for ESMFold and 4 for language models).
-    backend : ``"fake"`` (simulation) or ``"int8"`` (integer GEMMs); overrides the config.
-    inplace : modify ``model`` itself instead of a deep copy (the CLI does: no second
-        copy of the weights). Float weights are dropped as each layer is swapped.
-    num_recycles : ESMFold only: recycles during calibration (default: the model's).
-    calib_max_length : crop calibration sequences longer than this to their central
-        window of this many residues (None keeps them whole). ESMFold's triangle
-        attention is cubic in length, so long sequences dominate CPU calibration.
-    statistics : a :class:`CalibrationPass` from an earlier pass over this same
-        model (``ptq_protein.workflows.shared_calibration.calibrate_recipes``): used instead of
-        calibrating, so several recipes share one pass; ``calibration``,
-        ``batch_size``, ``num_recycles`` and ``calib_max_length`` are then unused.
-        A pass that lacks this recipe's statistics is refused (ValueError).
-
-    Example
-    -------
-    >>> qmodel = quantize(model, "w8a8-pwlq", calibration="casp14:50")  # doctest: +SKIP
-    >>> logits = qmodel(tokens)["logits"]                                 # doctest: +SKIP
+    The config's passes (`ptq_protein.passes.recipe`) run in order on one record, after one plan
+    of their calibration (`ptq_protein.passes.plan`).
     """
     cfg = _resolved(config, backend)
     adapter = get_adapter(model)
+    require_float(model)
     _check_run_options(adapter, calib_max_length, num_recycles)
     qmodel = model if inplace else copy.deepcopy(model)
     # weights memory-mapped by load_model(mmap=True): hand each layer's pages back once used

@@ -180,9 +180,9 @@ def check_saveable(config: QuantConfig) -> None:
 
 def save(qmodel: nn.Module, path: Union[str, Path], *, force: bool = False,
          model_info: Optional[Dict[str, Any]] = None, fidelity_markdown: Optional[str] = None) -> Path:
-    """Write ``qmodel`` (from :func:`ptq_protein.quantize`) to the folder ``path``, atomically.
+    """Write `qmodel` (from `ptq_protein.quantize`) to the folder `path`, atomically.
 
-    ``fidelity_markdown`` (a table) goes into the model card's fidelity section.
+    `fidelity_markdown` (a table) goes into the model card's fidelity section.
     """
     from safetensors.torch import save_file
 
@@ -300,9 +300,9 @@ def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = N
          engine: str = "auto") -> nn.Module:
     """Rebuild a quantized model from an artifact folder; outputs equal the saved model's bit for bit.
 
-    ``engine`` picks the integer GEMM of ``backend="int8"`` sites (``"auto"``: the
+    `engine` picks the integer GEMM of `backend="int8"` sites (`"auto"`: the
     oneDNN fast path on CPU where it runs, else the exact reference; see
-    :mod:`ptq_protein.nn.int_exec`); ``pp.engine_used(model)`` says which ran.
+    `ptq_protein.nn.int_exec`); `pp.engine_used(model)` says which ran.
     """
     from ptq_protein.nn.int_exec import parse_engine, set_engine
 

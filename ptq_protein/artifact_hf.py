@@ -31,13 +31,17 @@ from torch import nn
 
 from ptq_protein.io_utils import public_source
 
-__all__ = ["HF_CONFIG", "QUANT_METHOD", "INSTALL_HINT", "TOKENIZER_FILES", "hf_config", "tokenizer_source",
+__all__ = ["HF_CONFIG", "QUANT_METHOD", "INSTALL_HINT", "INSTALL_FROM_SOURCE", "SOURCE_REPO", "TOKENIZER_FILES",
+           "hf_config", "tokenizer_source",
            "copy_tokenizer_files"]
 
 HF_CONFIG = "config.json"
 QUANT_METHOD = "ptq_protein"
-INSTALL_HINT = ("this folder is a ptq-protein artifact: pip install ptq-protein, then import ptq_protein before "
-                "from_pretrained")
+# ptq-protein is not on PyPI: it installs from a source checkout (the repository named in mkdocs.yml).
+SOURCE_REPO = "https://github.com/ptq-protein/ptq-protein"
+INSTALL_FROM_SOURCE = f"git clone {SOURCE_REPO} && pip install -e ./ptq-protein"
+INSTALL_HINT = (f"this folder is a ptq-protein artifact: install ptq-protein from source ({INSTALL_FROM_SOURCE}), "
+                "then import ptq_protein before from_pretrained")
 # What transformers' ESM tokenizers read or write (EsmTokenizer: vocab.txt and the two JSON files).
 TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json",
                    "added_tokens.json")

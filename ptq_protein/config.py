@@ -137,10 +137,10 @@ def _enum(cls, value):
 class TensorQuant:
     """How one kind of tensor (weights or activations) is quantized.
 
-    ``dynamic`` activations get their parameters from each tensor at run time;
-    static ones from calibration. ``runtime_breakpoints`` recomputes our PWLQ's
+    `dynamic` activations get their parameters from each tensor at run time;
+    static ones from calibration. `runtime_breakpoints` recomputes our PWLQ's
     range *and* breakpoints from every tensor (fully dynamic). It is not the
-    study's variant: theirs (``Scheme.STUDY_PWLQ``) keeps a static calibrated
+    study's variant: theirs (`Scheme.STUDY_PWLQ`) keeps a static calibrated
     range and recomputes only the breakpoint.
     """
 
@@ -233,19 +233,19 @@ _DEFAULT_EXCLUDE = ()  # heads are kept FP by the adapters' own rules, not by gl
 class QuantConfig:
     """Which sites are quantized and how.
 
-    ``weights=None`` keeps weights in floating point; ``activations=None`` keeps
-    activations in floating point. ``groups=None`` means every group the model
-    adapter knows (ESMFold: ``esm``, ``trunk``, ``structure``). ``include`` and
-    ``exclude`` are module-name globs (``fnmatch``) applied after kinds/groups.
-    ``quantize_heads`` also quantizes the parts kept in floating point by
+    `weights=None` keeps weights in floating point; `activations=None` keeps
+    activations in floating point. `groups=None` means every group the model
+    adapter knows (ESMFold: `esm`, `trunk`, `structure`). `include` and
+    `exclude` are module-name globs (`fnmatch`) applied after kinds/groups.
+    `quantize_heads` also quantizes the parts kept in floating point by
     default (LM head, contact regression, distogram/pLDDT/pTM heads).
-    ``special_tokens`` says how the LM's BOS/EOS positions are handled at
-    activation sites (:class:`SpecialTokens`; default ``float``: they stay in
+    `special_tokens` says how the LM's BOS/EOS positions are handled at
+    activation sites (`SpecialTokens`; default `float`: they stay in
     floating point, two rows per sequence).
-    ``study`` set (and only then) makes this a study-exact recipe: quantizers of
-    ``Scheme.STUDY_*``, the study's calibration and W8 (:class:`StudyOptions`).
-    ``pair_bits=8`` holds ESMFold's pair activations in int8 while it folds
-    (:mod:`ptq_protein.nn.pair_int8`); None keeps them in floating point.
+    `study` set (and only then) makes this a study-exact recipe: quantizers of
+    `Scheme.STUDY_*`, the study's calibration and W8 (`StudyOptions`).
+    `pair_bits=8` holds ESMFold's pair activations in int8 while it folds
+    (`ptq_protein.nn.pair_int8`); None keeps them in floating point.
     """
 
     weights: Optional[TensorQuant] = TensorQuant(bits=8, granularity=Granularity.PER_CHANNEL)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from ptq_protein.errors import InputError
 from ptq_protein.file_reads import gunzip
@@ -63,7 +63,8 @@ class FastaRecord(NamedTuple):
 
 
 def read_fasta(source: PathOrText, *, alphabet: str = ESM_AMINO_ACIDS, max_length: Optional[int] = None,
-               duplicates: str = "error", where: Optional[str] = None) -> List[Tuple[str, str]]:
+               duplicates: str = "error", where: Optional[str] = None,
+               changes: Optional[Dict[str, str]] = None) -> List[Tuple[str, str]]:
     """Parse FASTA into ``[(id, sequence), ...]`` in file order.
 
     Parameters
@@ -80,27 +81,31 @@ def read_fasta(source: PathOrText, *, alphabet: str = ESM_AMINO_ACIDS, max_lengt
         and names the k-th repeat ``<id>#k`` (k = 2, 3, ...).
     where
         Name used in messages (default: the path, or ``"FASTA text"``).
+    changes
+        If given, filled with id -> what reading changed in that sequence (lower case read as
+        upper case, a terminal ``*`` dropped), for sequences it changed.
 
     Returns
     -------
     list of (str, str)
     """
     records = read_fasta_records(source, alphabet=alphabet, max_length=max_length,
-                                 duplicates=duplicates, where=where)
+                                 duplicates=duplicates, where=where, changes=changes)
     return [(record.id, record.sequence) for record in records]
 
 
 def read_fasta_records(source: PathOrText, *, alphabet: str = ESM_AMINO_ACIDS,
                        max_length: Optional[int] = None, duplicates: str = "error",
-                       where: Optional[str] = None) -> List[FastaRecord]:
+                       where: Optional[str] = None, changes: Optional[Dict[str, str]] = None) -> List[FastaRecord]:
     """Like :func:`read_fasta` but keeps each header's description (:class:`FastaRecord`)."""
     if duplicates not in _DUPLICATE_POLICIES:
         raise ValueError(f"duplicates={duplicates!r} is not one of {_DUPLICATE_POLICIES}")
     text, label = _read_text(source, where)
     raw = _split_records(text, label)
-    records, lines = [], []
+    records, lines, notes = [], [], []
     for header_line, name, description, chunks in raw:
         sequence = _clean_sequence("".join(chunks))
+        notes.append(_cleaning_note("".join(chunks)))
         if not sequence:
             raise InputError(f"{label}: record {name!r} (line {header_line}) has an empty sequence; "
                              "add its residues on the lines after the header or remove the header")
@@ -108,7 +113,10 @@ def read_fasta_records(source: PathOrText, *, alphabet: str = ESM_AMINO_ACIDS,
                                      where=f"{label}: sequence {name!r}")
         records.append(FastaRecord(name, sequence, description))
         lines.append(header_line)
-    return _handle_duplicates(records, duplicates, label, lines)
+    records = _handle_duplicates(records, duplicates, label, lines)  # same order; repeats renamed
+    if changes is not None:
+        changes.update({record.id: note for record, note in zip(records, notes) if note})
+    return records
 
 
 def validate_sequence(sequence: str, *, alphabet: str = ESM_AMINO_ACIDS, max_length: Optional[int] = None,
@@ -234,6 +242,17 @@ def _split_records(text: str, label: str) -> List[Tuple[int, str, str, List[str]
 def _clean_sequence(sequence: str) -> str:
     cleaned = "".join(sequence.split()).upper()
     return cleaned[:-1] if cleaned.endswith("*") else cleaned
+
+
+def _cleaning_note(raw: str) -> str:
+    """What :func:`_clean_sequence` changes in ``raw``, in words ("" for nothing worth saying)."""
+    said = []
+    lower = sum(1 for ch in raw if ch.islower())
+    if lower:
+        said.append(f"{lower} lower-case letter{'s' if lower > 1 else ''} read as upper case")
+    if "".join(raw.split()).endswith("*"):
+        said.append("the terminal '*' (stop) dropped")
+    return "; ".join(said)
 
 
 def _handle_duplicates(records: List[FastaRecord], policy: str, label: str,

@@ -7,8 +7,11 @@ the seal on purpose: Hub users edit cards, and no output depends on it.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional
+
+from ptq_protein.artifact_hf import INSTALL_FROM_SOURCE
 
 __all__ = ["CARD", "model_card", "write_model_card"]
 
@@ -47,11 +50,18 @@ def write_model_card(folder: Path, fidelity_markdown: Optional[str]) -> None:
 
 
 def _base_model(name: str) -> Optional[str]:
-    """A Hub id for ``base_model``: the name when it is one, the facebook/ repository for ESM releases."""
-    if "/" in name and not name.startswith(("/", ".")) and name.count("/") == 1:
+    """A Hub id for ``base_model``, only where the source is one: a published ESM release (its facebook/
+    repository) or an ``org/name`` id that is no local path. A file's own name is nobody's release
+    (``esm2_tiny.pt`` is not ``facebook/esm2_tiny``)."""
+    from ptq_protein.models.resolve import ESMFOLD_HF_REPO, ESMFOLD_NAMES, FAIR_ESM_MODELS
+
+    short = name.split("/", 1)[1] if name.startswith("facebook/") else name
+    if short in FAIR_ESM_MODELS:
+        return f"facebook/{short}"
+    if short in ESMFOLD_NAMES:
+        return ESMFOLD_HF_REPO
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", name) and not name.startswith(".") and not Path(name).exists():
         return name
-    if name.startswith(("esm2_t", "esmfold_v1", "esm1b_t33", "esm1v_t33")):
-        return f"facebook/{name}"
     return None
 
 
@@ -102,13 +112,15 @@ def _calibration(calib: Optional[Dict[str, Any]]) -> List[str]:
 
 def _how_to_load(recipe: Dict[str, Any], hf: bool) -> List[str]:
     cls = recipe["architecture"].get("class", "AutoModel")
-    lines = ["## How to load", "", "With ptq-protein (`pip install ptq-protein`):", "", "```python",
+    lines = ["## How to load", "", "With ptq-protein, installed from source (it is not on PyPI):", "", "```bash",
+             INSTALL_FROM_SOURCE, "```", "", "```python",
              "import ptq_protein as pp", "model = pp.load(\"path/to/this/folder\")  # verifies the seal", "```"]
     if hf:
         lines += ["", "With transformers (ptq-protein installed; importing it registers the method):", "",
                   "```python", "import ptq_protein  # noqa: F401", f"from transformers import {cls}",
                   f"model = {cls}.from_pretrained(\"path/to/this/folder\")", "```"]
-    lines += ["", "With ONNX Runtime (`pip install 'ptq-protein[onnx]'`; recipes whose sites are uniform 8-bit, others "
+    lines += ["", "With ONNX Runtime (the `onnx` extra: `pip install -e './ptq-protein[onnx]'`; recipes whose sites "
+              "are uniform 8-bit, others "
               "are refused naming the site; ESMFold: its ESM-2 stem):", "", "```bash",
               "ptq-protein export path/to/this/folder --format onnx --out model.onnx", "```"]
     return lines

@@ -164,6 +164,15 @@ def test_public_names_resolve():
         assert getattr(ptq_protein, name) is not None
 
 
+def test_type_checking_imports_name_the_lazy_exports():
+    """``ptq_protein/__init__.py`` names each public attribute twice: in ``_EXPORTS`` (what ``__getattr__`` imports)
+    and in its ``TYPE_CHECKING`` imports (what type checkers and the API reference read); they must agree."""
+    tree = ast.parse(Path(ptq_protein.__file__).read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", None) == "TYPE_CHECKING")
+    imported = {a.asname or a.name: n.module for n in block.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert imported == ptq_protein._EXPORTS
+
+
 def test_pyproject_lists_every_package():
     """A package folder missing from pyproject's list installs nowhere outside an editable checkout."""
     import re

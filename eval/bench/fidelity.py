@@ -28,9 +28,10 @@ def relative_error(reference: torch.Tensor, other: torch.Tensor) -> float:
 
 
 def main_output(output: Any) -> torch.Tensor:
-    """The tensor fidelity is measured on: logits, or ESMFold's final atom14 positions."""
+    """The tensor fidelity is measured on: logits, ESMFold's final atom14 positions, or (a trunk without a
+    head, ``EsmModel``) the last hidden state."""
     if isinstance(output, dict) or hasattr(output, "keys"):
-        for key in ("positions", "logits"):
+        for key in ("positions", "logits", "last_hidden_state"):
             if key in output.keys() and output[key] is not None:
                 value = output[key]
                 return value[-1] if key == "positions" else value
@@ -38,7 +39,7 @@ def main_output(output: Any) -> torch.Tensor:
         return output.logits
     if torch.is_tensor(output):
         return output
-    raise TypeError(f"cannot find logits or positions in a {type(output).__name__}")
+    raise TypeError(f"cannot find logits, positions or last_hidden_state in a {type(output).__name__}")
 
 
 def fidelity_sequences(lengths: Sequence[int], n: int) -> List[int]:
@@ -64,6 +65,7 @@ class Reference:
     batch: Batch
     output: torch.Tensor  # main_output(): logits, or the final atom14 positions
     plddt: Optional[torch.Tensor] = None
+    logits: bool = True  # False: hidden states (no top-1 agreement)
 
 
 @torch.no_grad()
@@ -80,7 +82,7 @@ def reference_outputs(fp_model: nn.Module, sequences: Sequence[str], adapter: Mo
         batch = adapter.make_batch([seq])
         out = adapter.forward(fp_model, batch)
         plddt = out["plddt"] if _is_structure(out) else None
-        refs.append(Reference(batch, main_output(out), plddt))
+        refs.append(Reference(batch, main_output(out), plddt, _has_logits(out)))
     return refs
 
 
@@ -106,7 +108,8 @@ def compare_to_reference(q_model: nn.Module, references: Sequence[Reference],
             mask = ref.batch.token_mask[0]
             fp, q = ref.output[0][mask.to(ref.output.device)], oth[0][mask.to(oth.device)]
             rel.append(relative_error(fp, q))
-            agree.append(float((fp.argmax(-1) == q.argmax(-1)).double().mean()))
+            if ref.logits:
+                agree.append(float((fp.argmax(-1) == q.argmax(-1)).double().mean()))
     out = {"relative_error": sum(rel) / len(rel)}
     if agree:
         out["top1_agreement"] = sum(agree) / len(agree)
@@ -118,9 +121,13 @@ def compare_to_reference(q_model: nn.Module, references: Sequence[Reference],
 
 def compare_models(fp_model: nn.Module, q_model: nn.Module, sequences: Sequence[str],
                    adapter: ModelAdapter = None) -> Dict[str, float]:
-    """Mean fidelity metrics over ``sequences`` (one at a time, so no padding is involved)."""
+    """Mean fidelity metrics over `sequences` (one at a time, so no padding is involved)."""
     adapter = adapter or get_adapter(fp_model)
     return compare_to_reference(q_model, reference_outputs(fp_model, sequences, adapter), adapter)
+
+
+def _has_logits(output: Any) -> bool:
+    return getattr(output, "logits", None) is not None or (hasattr(output, "keys") and "logits" in output.keys())
 
 
 def _is_structure(output: Any) -> bool:

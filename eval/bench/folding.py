@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -15,7 +15,8 @@ from ptq_protein.file_reads import read_json
 from ptq_protein.io_utils import atomic_write_text, check_out_path, file_lock, folder_lock, safe_stem
 from ptq_protein.progress import progress as progress_of
 
-__all__ = ["fold_one", "fold_to_pdbs", "require_esmfold", "FoldRefused"]
+__all__ = ["fold_one", "fold_output", "fold_to_pdbs", "require_esmfold", "esmfold_input_notes", "pae_json", "pae_path",
+           "Folded", "FoldRefused"]
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +27,19 @@ def require_esmfold(model: nn.Module) -> None:
                          "use tiny-esmfold, esmfold, or an artifact quantized from one")
 
 
+class Folded(NamedTuple):
+    """What :func:`fold_to_pdbs` wrote for one sequence."""
+
+    plddt: float  # mean pLDDT, 0-100
+    path: Path  # the PDB
+    ptm: Optional[float]  # ESMFold's predicted TM-score, 0-1
+    pae: Optional[Path]  # <stem>.pae.json; None where the model holds no PAE (int8 pair activations)
+
+
 @torch.no_grad()
-def fold_one(model: nn.Module, sequence: str, num_recycles: Optional[int] = None,
-             max_memory: Optional[int] = None) -> Tuple[str, float, torch.Tensor]:
-    """(PDB text with pLDDT 0-100 in the B-factors, mean pLDDT, CA coordinates [L, 3]).
+def fold_output(model: nn.Module, sequence: str, num_recycles: Optional[int] = None,
+                max_memory: Optional[int] = None) -> Dict[str, torch.Tensor]:
+    """ESMFold's outputs for one sequence, in float32, pLDDT on 0-100.
 
     Checked first against the memory model (:func:`~ptq_protein.eval.bench.fold_budget.planned_fold`):
     the largest chunk size within ``max_memory`` bytes (default: what the machine has available)
@@ -45,16 +55,37 @@ def fold_one(model: nn.Module, sequence: str, num_recycles: Optional[int] = None
     plddt = output["plddt"]
     if float(plddt.max()) <= 1.0:  # transformers reports pLDDT in [0, 1]; PDB convention is 0-100
         output["plddt"] = plddt * 100.0
-    pdb = model.output_to_pdb(output)[0]
+    return output
+
+
+def fold_one(model: nn.Module, sequence: str, num_recycles: Optional[int] = None,
+             max_memory: Optional[int] = None) -> Tuple[str, float, torch.Tensor]:
+    """(PDB text with pLDDT 0-100 in the B-factors, mean pLDDT, CA coordinates [L, 3]); see :func:`fold_output`."""
+    output = fold_output(model, sequence, num_recycles, max_memory)
     ca = output["positions"][-1, 0, :, 1].float().cpu()
-    return pdb, float(output["plddt"][0, :, 1].mean()), ca
+    return model.output_to_pdb(output)[0], _mean_plddt(output), ca
+
+
+def esmfold_input_notes(sequence: str) -> str:
+    """What ESMFold makes of letters it has no residue type for, in words ("" for none); positions are kept."""
+    from transformers.models.esm.openfold_utils import residue_constants
+
+    known = set(residue_constants.restypes)
+    unknown = sorted({ch for ch in sequence if ch not in known})
+    if not unknown:
+        return ""
+    count = sum(1 for ch in sequence if ch not in known)
+    letters = "/".join(unknown)
+    return (f"{count} residue{'s' if count > 1 else ''} {letters} folded as unknown (X; the PDB has no atoms for "
+            "them), the others keep their numbers")
 
 
 def fold_to_pdbs(model: nn.Module, records: Sequence[Tuple[str, str]], out_dir: Path,
                  num_recycles: Optional[int] = None, progress: bool = False, force: bool = False,
                  max_memory: Optional[int] = None, refused: Optional[Dict[str, str]] = None,
-                 shard_tag: Optional[str] = None) -> Dict[str, Tuple[float, Path]]:
-    """Fold each (id, sequence), write one PDB each atomically; returns {id: (mean pLDDT, path written)}.
+                 shard_tag: Optional[str] = None) -> Dict[str, Folded]:
+    """Fold each (id, sequence), write one PDB (and its PAE, :func:`pae_json`) each atomically; returns
+    {id: :class:`Folded`}.
 
     A sequence that cannot fit in ``max_memory`` bytes (:func:`fold_one`) is not folded and
     the others go on; its one-line reason goes into ``refused`` (id -> reason) when given,
@@ -75,7 +106,8 @@ def fold_to_pdbs(model: nn.Module, records: Sequence[Tuple[str, str]], out_dir: 
     index_path = out_dir / INDEX_NAME
     index = _read_index(index_path)
     paths = {seq_id: out_dir / f"{safe_stem(seq_id)}.pdb" for seq_id, _ in records}
-    clash = [p for p in paths.values() if p.exists() and not (force and p.name in index.values())]
+    clash = [p for pdb in paths.values() for p in (pdb, pae_path(pdb))
+             if p.exists() and not (force and pdb.name in index.values())]
     if clash:
         hint = "choose a new --out folder"
         if not force:
@@ -94,20 +126,43 @@ def fold_to_pdbs(model: nn.Module, records: Sequence[Tuple[str, str]], out_dir: 
 
 def _fold_all(model: nn.Module, records: Sequence[Tuple[str, str]], paths: Dict[str, Path], index_path: Path,
               run: Tuple[Optional[int], Optional[int]], progress: bool,
-              refused: Dict[str, str]) -> Dict[str, Tuple[float, Path]]:
+              refused: Dict[str, str]) -> Dict[str, Folded]:
     items = progress_of(records, "folding", "sequences", show=progress)
     written = {}
     for seq_id, seq in items:
         try:
-            pdb, plddt, _ = fold_one(model, seq, *run)
+            output = fold_output(model, seq, *run)
         except FoldRefused as err:  # this one cannot fit: the others go on
             refused[seq_id] = f"{seq_id}: {err}"
             log.debug("not folded: %s", refused[seq_id])
             continue
         _record(index_path, seq_id, paths[seq_id].name)  # before the PDB: a PDB in the folder is always ours
-        atomic_write_text(paths[seq_id], pdb)
-        written[seq_id] = (plddt, paths[seq_id])
+        atomic_write_text(paths[seq_id], model.output_to_pdb(output)[0])
+        pae = pae_json(output)
+        if pae is not None:
+            atomic_write_text(pae_path(paths[seq_id]), pae)
+        ptm = float(output["ptm"]) if "ptm" in output else None
+        written[seq_id] = Folded(_mean_plddt(output), paths[seq_id], ptm,
+                                 None if pae is None else pae_path(paths[seq_id]))
     return written
+
+
+def pae_path(pdb: Path) -> Path:
+    return pdb.with_name(pdb.stem + ".pae.json")
+
+
+def pae_json(output: Dict[str, torch.Tensor]) -> Optional[str]:
+    """The predicted aligned error [L, L] (Å) as AlphaFold DB's PAE file writes it; None where the model has none."""
+    pae = output.get("predicted_aligned_error")
+    if pae is None:
+        return None
+    rows = [[round(v, 2) for v in row] for row in pae[0].tolist()]
+    return json.dumps([{"predicted_aligned_error": rows,
+                        "max_predicted_aligned_error": round(float(output["max_predicted_aligned_error"]), 2)}])
+
+
+def _mean_plddt(output: Dict[str, torch.Tensor]) -> float:
+    return float(output["plddt"][0, :, 1].mean())  # CA pLDDT
 
 
 INDEX_NAME = "fold_index.json"

@@ -87,15 +87,16 @@ def evaluate_variants(model: nn.Module, bench: BenchmarkSet, recipes: Sequence[s
 
     Parameters
     ----------
-    model : fair-esm ``ESM2`` or transformers ``EsmForMaskedLM`` (float; never modified).
+    model : fair-esm `ESM2` or transformers `EsmForMaskedLM` (float; never modified).
     bench, recipes, out_dir, options, run_info, note, ranks : as in
-        :func:`ptq_protein.eval.bench.structure_task.evaluate_structure`.
-    scoring : the strategy and token budget (:class:`VariantOptions`).
-    assays : {target id: :class:`~ptq_protein.eval.bench.dms_assays.DmsAssay`} (see ``load_assays``).
+        `ptq_protein.eval.bench.structure_task.evaluate_structure`.
+    scoring : the strategy and token budget (`VariantOptions`).
+    assays : {target id: `ptq_protein.eval.bench.dms_assays.DmsAssay`} (see `load_assays`).
 
     Returns
     -------
-    dict with ``results``, ``summary``, ``plot`` paths and ``counts``.
+    dict
+        `results`, `summary`, `plot` paths and `counts`.
     """
     out_dir, assays = Path(out_dir), dict(assays or {})
     info = {"command": "eval variants", **(run_info or {}), **run_identity(model, options),

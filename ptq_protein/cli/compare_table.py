@@ -59,12 +59,14 @@ def comparison_lines(comparison: Dict[str, Any], demo: bool) -> List[str]:
     rows = comparison["rows"]
     structure = any("tm_vs_fp" in r for r in rows)
     key, label = ("tm_vs_fp", "TM vs FP") if structure else ("top1_agreement", "top-1 agreement")
+    if not any(key in r for r in rows):  # a trunk without a head (EsmModel): hidden states, no top-1 to agree on
+        key, label = "", ""
     width = max(len("recipe"), *(len(r["recipe"]) for r in rows))
-    lines.append(f"  {'recipe':<{width}}  bits W/A  rel. error  {label}")
+    lines.append(f"  {'recipe':<{width}}  bits W/A  rel. error  {label}".rstrip())
     for row in rows:
         bits = f"{_bits(row['weight_bits'])}/{_bits(row['activation_bits'])}"
-        lines.append(f"  {row['recipe']:<{width}}  {bits:>8}  {row['relative_error']:>10.4f}  "
-                     f"{row[key]:>{len(label)}.4f}")
+        last = f"  {row[key]:>{len(label)}.4f}" if key else ""
+        lines.append(f"  {row['recipe']:<{width}}  {bits:>8}  {row['relative_error']:>10.4f}{last}")
         if "avg_bits" in row:
             lines.append(f"  note: {row['recipe']} is a mixed plan: widths per unit as shown, {row['avg_bits']:.2f} "
                          "bits per value on average")

@@ -67,13 +67,15 @@ def run(args: argparse.Namespace) -> int:
 
     max_memory = args.max_memory  # bytes (parsed by memory_size)
     check_out_path(Path(args.out), force=True, what="folder")  # refused before the model loads
-    records = read_fasta(Path(args.fasta), alphabet=ESM_ALPHABET_LETTERS)  # no length cap: rotary ESM-2 has none
+    changes: dict = {}
+    records = read_fasta(Path(args.fasta), alphabet=ESM_ALPHABET_LETTERS, changes=changes)  # no length cap
     for seq_id, seq in records:
         if len(seq) > ESM2_MAX_RESIDUES:  # folded (memory permitting), with one line saying what it means
             logger.warning("%s: %d residues; ESMFold's language model was trained on at most %d, so accuracy "
                            "beyond that is not established: folding it anyway", seq_id, len(seq), ESM2_MAX_RESIDUES)
     shard = choose_shard(args.shard)
     records = [records[i] for i in shard.select([len(seq) for _, seq in records])]
+    notes = _input_notes(records, changes)
     device = rank_device(resolve_device(args.device))
     if is_artifact(args.model):
         import ptq_protein as pp
@@ -94,17 +96,46 @@ def run(args: argparse.Namespace) -> int:
     written = fold_to_pdbs(model, records, Path(args.out), args.num_recycles, progress=show_progress(args),
                            force=args.force, max_memory=max_memory, refused=refused,
                            shard_tag=None if shard.count == 1 else shard.tag)
-    if args.json:
-        from ptq_protein.nn.int_exec import engine_used
+    _report(args, model, written, refused, notes)
+    return 2 if refused else 0
 
+
+def _input_notes(records, changes: dict) -> dict:
+    """id -> one line saying what reading and ESMFold change in that sequence (only sequences something changed)."""
+    from ptq_protein.eval.bench.folding import esmfold_input_notes
+
+    notes = {}
+    for seq_id, seq in records:
+        said = [n for n in (changes.get(seq_id, ""), esmfold_input_notes(seq)) if n]
+        if said:
+            notes[seq_id] = f"{seq_id}: " + "; ".join(said)
+    return notes
+
+
+def _report(args: argparse.Namespace, model, written: dict, refused: dict, notes: dict) -> None:
+    """The table or JSON on stdout; input changes, a missing PAE and refusals on stderr, one line each."""
+    from ptq_protein.nn.int_exec import engine_used
+    from ptq_protein.nn.pair_int8 import pair_bits_of
+
+    no_pae = ""
+    if any(f.pae is None for f in written.values()):
+        given = "--pair-bits 8" if args.pair_bits else f"the artifact's pair_bits={pair_bits_of(model)}"
+        no_pae = (f"no PAE: {given} holds the pair activations in int8 and reads them in row chunks, so the "
+                  "[L, L, 64] aligned-error logits are never held (pTM is computed chunk by chunk); fold without "
+                  "int8 pairs for PAE")
+    if args.json:
         # engine: which integer GEMM ran (onednn = the CPU fast path, reference = exact torch/Triton),
         # null for float/fake
-        print_json({"out": args.out, "mean_plddt": {k: v[0] for k, v in written.items()},
-                    "pdb": {k: str(v[1]) for k, v in written.items()}, "engine": engine_used(model),
-                    "refused": refused})
+        print_json({"out": args.out, "mean_plddt": {k: v.plddt for k, v in written.items()},
+                    "ptm": {k: v.ptm for k, v in written.items()},
+                    "pae": {k: None if v.pae is None else str(v.pae) for k, v in written.items()},
+                    "pdb": {k: str(v.path) for k, v in written.items()}, "engine": engine_used(model),
+                    "input_changes": notes, "pae_absent": no_pae or None, "refused": refused})
     else:
-        for seq_id, (plddt, path) in written.items():
-            print(f"{seq_id}\tmean pLDDT {plddt:.1f}\t{path}")
+        for seq_id, folded in written.items():
+            ptm = "-" if folded.ptm is None else f"{folded.ptm:.3f}"
+            print(f"{seq_id}\tmean pLDDT {folded.plddt:.1f}\tpTM {ptm}\t{folded.path}")
+    for line in list(notes.values()) + ([no_pae] if no_pae else []):
+        print(f"ptq-protein fold: {line}", file=sys.stderr)
     for reason in refused.values():
         print(f"ptq-protein fold: not folded: {reason}", file=sys.stderr)
-    return 2 if refused else 0

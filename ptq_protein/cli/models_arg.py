@@ -25,20 +25,29 @@ def add_backend_option(parser: argparse.ArgumentParser) -> None:
 
 
 def load_float_model(args: argparse.Namespace, name: str, mmap: bool = False, device: "str | None" = None):
-    """LoadedModel for ``name`` on the requested device/dtype (``mmap``: see ``load_model``).
+    """The float LoadedModel for ``name`` on the requested device/dtype (``mmap``: see ``load_model``).
 
-    ``device`` overrides ``--device`` (an evaluation rank's ``cuda:LOCAL_RANK``).
+    ``device`` overrides ``--device`` (an evaluation rank's ``cuda:LOCAL_RANK``). An artifact folder, or
+    weights that load as a quantized model, are refused: every caller quantizes this model or treats it as FP.
     """
     import torch
 
     from ptq_protein.cli.common import resolve_device
     from ptq_protein.models.loading import load_model
+    from ptq_protein.passes.float_source import already_quantized, require_float
 
+    for given in (name, getattr(args, "weights", None)):
+        if given is not None and is_artifact(str(given)):
+            identity = artifact_identity(str(given))
+            raise ValueError(already_quantized(str(given), identity["recipe"], identity["source"]))
     seed = getattr(args, "seed", None)
     torch.manual_seed(0 if seed is None else seed)
     tiny = str(name).startswith("tiny-")  # --seed chooses a tiny model's weights (tiny-esm2@N names one too)
-    return load_model(name, weights=getattr(args, "weights", None), device=device or resolve_device(args.device),
-                      dtype=getattr(torch, _DTYPES[args.dtype or "float32"]), seed=seed if tiny else None, mmap=mmap)
+    loaded = load_model(name, weights=getattr(args, "weights", None), device=device or resolve_device(args.device),
+                        dtype=getattr(torch, _DTYPES[args.dtype or "float32"]), seed=seed if tiny else None,
+                        mmap=mmap)
+    require_float(loaded.model, str(name))
+    return loaded
 
 
 def is_artifact(path: str) -> bool:

@@ -16,6 +16,7 @@ writer would store integer codes under names that reload as random weights.
 from __future__ import annotations
 
 import json
+import logging
 import tempfile
 from pathlib import Path
 from typing import Any, Optional
@@ -30,7 +31,9 @@ from transformers.utils.quantization_config import QuantizationConfigMixin
 from ptq_protein.artifact_hf import HF_CONFIG, QUANT_METHOD
 from ptq_protein.models.float_dtypes import main_dtype
 
-__all__ = ["PtqProteinConfig", "PtqProteinQuantizer", "register", "save_pretrained", "push_to_hub"]
+__all__ = ["PtqProteinConfig", "PtqProteinQuantizer", "register", "save_pretrained", "push_to_hub", "graft_trunk"]
+
+logger = logging.getLogger(__name__)
 
 
 class PtqProteinConfig(QuantizationConfigMixin):
@@ -111,31 +114,60 @@ def _dtype_name(dtype: Any) -> Optional[str]:
 
 
 def become(model: PreTrainedModel, loaded: nn.Module, folder: Path) -> None:
-    """Make ``model`` the loaded quantized model (or its base model, e.g. ``EsmModel`` of ``EsmForMaskedLM``)."""
+    """Make ``model`` the loaded quantized model (or its base model, e.g. ``EsmModel`` of ``EsmForMaskedLM``),
+    or give a task head (``EsmForSequenceClassification``, ...) the quantized trunk (:func:`graft_trunk`)."""
     source = loaded
     if type(loaded) is not type(model):
         source = getattr(loaded, getattr(model, "base_model_prefix", ""), None)
         if type(source) is not type(model):
+            if graft_trunk(model, loaded, folder):
+                return
             raise ValueError(f"{folder} holds a quantized {type(loaded).__name__}; load it with "
                              f"{type(loaded).__name__}.from_pretrained (or AutoModel), not {type(model).__name__}")
     model.__dict__.clear()
     model.__dict__.update(source.__dict__)
     if source is not loaded:  # part of the model: keep the special-token context reset the whole model had
-        from ptq_protein.nn.modules import ActQuantizer
-
-        context = next((m.special_tokens for m in model.modules() if isinstance(m, ActQuantizer)), None)
-        if context is not None:
-            model.register_forward_hook(context.clear, always_call=True)
+        _clear_special_rows_after(model)
         model.ptq_part_of = str(folder)
     model.config.name_or_path = str(folder)
 
 
-def _holds_quantized_modules(model: nn.Module) -> bool:
-    from ptq_protein.calibration.matmul_sites import QuantMatmulHost
-    from ptq_protein.nn.modules import QuantInput, QuantLinear
+def graft_trunk(model: PreTrainedModel, loaded: nn.Module, folder: Path) -> bool:
+    """Put the artifact's quantized ESM trunk into a task-head model (False: ``model`` takes no ESM trunk).
 
-    return getattr(model, "ptq_state", None) is not None or any(
-        isinstance(m, (QuantLinear, QuantInput, QuantMatmulHost)) for m in model.modules())
+    The head (a classifier, ...) stays float and new, as transformers makes it for fine-tuning; a
+    masked LM's head is part of the pretrained model, so ``EsmForMaskedLM`` of a trunk-only artifact is
+    refused rather than given a random one.
+    """
+    from transformers import EsmForMaskedLM, EsmModel
+
+    trunk = loaded if isinstance(loaded, EsmModel) else loaded.esm if isinstance(loaded, EsmForMaskedLM) else None
+    if trunk is None or isinstance(model, EsmForMaskedLM) or not isinstance(getattr(model, "esm", None), EsmModel):
+        return False
+    model.esm = trunk
+    _clear_special_rows_after(model)
+    model.ptq_part_of = str(folder)  # save_pretrained refuses: the artifact holds the trunk, not this head
+    model.to(trunk.embeddings.word_embeddings.weight.device)
+    model.config.name_or_path = str(folder)
+    head = sorted({name.split(".")[0] for name, _ in model.named_parameters() if not name.startswith("esm.")})
+    logger.warning("%s: %s holds the quantized ESM trunk of %s; its head (%s) is float and newly initialised: "
+                   "train it before use", folder, type(model).__name__, type(loaded).__name__, ", ".join(head))
+    return True
+
+
+def _clear_special_rows_after(model: nn.Module) -> None:
+    """A part's forward ends the BOS/EOS rows its trunk recorded, as the whole model's forward did."""
+    from ptq_protein.nn.modules import ActQuantizer
+
+    context = next((m.special_tokens for m in model.modules() if isinstance(m, ActQuantizer)), None)
+    if context is not None:
+        model.register_forward_hook(context.clear, always_call=True)
+
+
+def _holds_quantized_modules(model: nn.Module) -> bool:
+    from ptq_protein.passes.float_source import quantized_recipe
+
+    return quantized_recipe(model) is not None
 
 
 def save_pretrained(model: PreTrainedModel, save_directory, is_main_process: bool = True,

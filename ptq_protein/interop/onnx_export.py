@@ -7,12 +7,17 @@ symmetric per token. Anything else is refused in one line naming the first site
 that cannot be written and why (PWLQ, FP8, 4-bit codes, per-channel activations,
 quantized matmul operands).
 
-The graph takes ``input_ids`` ``[batch, length]`` (ESM vocabulary, BOS/EOS and
-padding included, padding id 1) and returns ``logits`` (masked LMs),
-``last_hidden_state`` (``EsmModel``) or ``hidden_states`` ``[batch, length,
-layers + 1, channels]`` (ESMFold's stem, what its trunk reads). It is traced with
-torch's TorchScript exporter (``dynamo=False``, opset 17) on a padded batch, so
-fair-esm's padding branch is the one kept (it is also right without padding).
+The graph takes ``input_ids`` and ``attention_mask``, both int64 ``[batch,
+length]``, as Optimum's ESM exports do: ESM-2 ids with BOS/EOS (the id table is
+written beside the file, :mod:`ptq_protein.interop.onnx_vocab`), and 1 for a token,
+0 for padding (a masked position's id is read as padding, id 1). It returns
+``last_hidden_state`` ``[batch, length, channels]`` (after the final LayerNorm,
+fair-esm's last ``representations``), ``logits`` first for masked LMs, and, with
+``hidden_states=True`` (always for ESMFold's stem, what its trunk reads),
+``hidden_states`` ``[batch, length, layers + 1, channels]``. Padded positions'
+outputs are not zeroed. It is traced with torch's TorchScript exporter
+(``dynamo=False``, opset 17) on a padded batch, so fair-esm's padding branch is the
+one kept (it is also right without padding).
 
 Run it with :func:`ort_session`: ONNX Runtime otherwise rewrites a weight-only
 site (``DequantizeLinear`` -> ``MatMul``) as ``MatMulNBits`` at accuracy level 4,
@@ -34,6 +39,7 @@ from torch import nn
 from ptq_protein.config import Granularity, Scheme
 from ptq_protein.errors import InputError
 from ptq_protein.interop.onnx_qdq import OnnxActQuant, OnnxLinear, SpecialRows
+from ptq_protein.interop.onnx_vocab import check_vocab_out, vocab_for, write_vocab
 from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.nn.special_tokens import SpecialTokenContext
 
@@ -44,8 +50,10 @@ INSTALL_ONNX = "ONNX export needs the onnx extra: pip install 'ptq-protein[onnx]
 _EXAMPLE_LENGTHS = (7, 4)  # residues of the two traced sequences: a padded batch, batch != length
 
 
-def export_onnx(artifact: Union[str, Path], out: Union[str, Path], *, force: bool = False) -> Path:
-    """Write the artifact's model as ONNX QDQ to the file ``out``; refuse what QDQ cannot express, in one line."""
+def export_onnx(artifact: Union[str, Path], out: Union[str, Path], *, force: bool = False,
+                hidden_states: bool = False) -> Path:
+    """Write the artifact's model as ONNX QDQ to the file `out`, and its id table beside it (`vocab.txt`,
+    `tokens.json`); refuse what QDQ cannot express, in one line. `hidden_states`: add every layer's output."""
     try:
         import onnx  # noqa: F401  (the exporter writes through it)
     except ImportError as err:
@@ -58,13 +66,16 @@ def export_onnx(artifact: Union[str, Path], out: Union[str, Path], *, force: boo
     if out.is_dir():
         raise InputError(f"--out {out} is a folder; name the .onnx file to write, e.g. {out / 'model.onnx'}")
     model = load(artifact)
-    wrapper, output = _wrap(model)
+    wrapper = _wrap(model, hidden_states)
+    tokens = vocab_for(Path(artifact), stem=wrapper.kind == "stem")
+    check_vocab_out(out.parent, tokens, wrapper.outputs, force)
     check_exportable(wrapper.exported, model.ptq_recipe["sites"], wrapper.prefix)
     _swap_sites(wrapper.exported, wrapper.rows)
     ids = example_ids()
     with _tracing(wrapper), torch.no_grad():
-        buffer = _export_bytes(wrapper, ids, output)
+        buffer = _export_bytes(wrapper, ids, wrapper.outputs)
     atomic_write_bytes(out, buffer)
+    write_vocab(out.parent, tokens, wrapper.outputs)
     return out
 
 
@@ -137,40 +148,50 @@ def _swap_sites(model: nn.Module, rows: SpecialRows) -> None:
 
 
 class _Exported(nn.Module):
-    """``input_ids -> output`` around the model (or ESMFold's stem), with the BOS/EOS positions set from the ids."""
+    """``(input_ids, attention_mask) -> outputs`` around the model (or ESMFold's stem), BOS/EOS rows set from the
+    ids."""
 
-    def __init__(self, model: nn.Module, kind: str, prefix: str):
+    def __init__(self, model: nn.Module, kind: str, prefix: str, hidden_states: bool):
         super().__init__()
         self.exported, self.kind, self.prefix = model, kind, prefix
+        self.hidden_states = hidden_states or kind == "stem"
+        logits = ["logits"] if kind in ("fair-esm", "masked-lm") else []
+        self.outputs = logits + ["last_hidden_state"] + (["hidden_states"] if self.hidden_states else [])
         quants = [m for m in model.modules() if isinstance(m, ActQuantizer) and m.special_tokens is not None]
         self.context: Optional[SpecialTokenContext] = quants[0].special_tokens if quants else None
         self.rows = SpecialRows()
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        input_ids = input_ids.masked_fill(attention_mask == 0, _PAD)
         if self.context is not None:  # BOS/EOS rows stay float: [B, T, 1], or [T, B, 1] in fair-esm's layers
             special = torch.zeros_like(input_ids, dtype=torch.bool)
             for idx in self.context.special_ids:
                 special = special | (input_ids == idx)
             self.rows.mask = (special.t() if self.kind == "fair-esm" else special)[..., None]
         if self.kind == "fair-esm":
-            return self.exported(input_ids)["logits"]
-        out = self.exported(input_ids=input_ids, attention_mask=(input_ids != 1).long(),
-                            output_hidden_states=self.kind == "stem")
-        if self.kind == "stem":
-            return torch.stack(out.hidden_states, dim=2)
-        return out.logits if self.kind == "masked-lm" else out.last_hidden_state
+            last = self.exported.num_layers
+            out = self.exported(input_ids, repr_layers=range(last + 1) if self.hidden_states else [last])
+            logits, layers = out["logits"], [out["representations"][i] for i in sorted(out["representations"])]
+        else:
+            trunk = self.exported.esm if self.kind == "masked-lm" else self.exported
+            out = trunk(input_ids=input_ids, attention_mask=attention_mask.long(),
+                        output_hidden_states=self.hidden_states)
+            layers = list(out.hidden_states) if self.hidden_states else [out.last_hidden_state]
+            logits = self.exported.lm_head(out.last_hidden_state) if self.kind == "masked-lm" else None
+        found = ([logits] if logits is not None else []) + [layers[-1]]
+        return tuple(found + ([torch.stack(layers, dim=2)] if self.hidden_states else []))
 
 
-def _wrap(model: nn.Module) -> Tuple[_Exported, str]:
+_PAD = 1  # ESM-2's padding id
+
+
+def _wrap(model: nn.Module, hidden_states: bool) -> _Exported:
+    kinds = {"ESM2": "fair-esm", "EsmForMaskedLM": "masked-lm", "EsmModel": "base"}
     name = type(model).__name__
-    if name == "ESM2":
-        return _Exported(model, "fair-esm", ""), "logits"
-    if name == "EsmForMaskedLM":
-        return _Exported(model, "masked-lm", ""), "logits"
-    if name == "EsmModel":
-        return _Exported(model, "base", ""), "last_hidden_state"
+    if name in kinds:
+        return _Exported(model, kinds[name], "", hidden_states)
     if name == "EsmForProteinFolding":
-        return _Exported(model.esm, "stem", "esm."), "hidden_states"
+        return _Exported(model.esm, "stem", "esm.", hidden_states)
     raise InputError(f"ONNX export covers ESM-2 (fair-esm ESM2, EsmForMaskedLM, EsmModel) and ESMFold's ESM-2 stem, "
                      f"not {name}")
 
@@ -193,14 +214,15 @@ def _tracing(wrapper: _Exported) -> Iterator[None]:
         wrapper.rows.mask = None
 
 
-def _export_bytes(wrapper: nn.Module, ids: torch.Tensor, output: str) -> bytes:
+def _export_bytes(wrapper: nn.Module, ids: torch.Tensor, outputs: List[str]) -> bytes:
     import io
     import warnings
 
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings about Python bools: the padded branch is the kept one
-        torch.onnx.export(wrapper, (ids,), buffer, input_names=["input_ids"], output_names=[output],
-                          dynamic_axes={"input_ids": {0: "batch", 1: "length"}, output: {0: "batch", 1: "length"}},
-                          opset_version=OPSET, dynamo=False, do_constant_folding=False)
+        axes = {name: {0: "batch", 1: "length"} for name in ["input_ids", "attention_mask", *outputs]}
+        torch.onnx.export(wrapper, (ids, (ids != _PAD).long()), buffer, input_names=["input_ids", "attention_mask"],
+                          output_names=outputs, dynamic_axes=axes, opset_version=OPSET, dynamo=False,
+                          do_constant_folding=False)
     return buffer.getvalue()

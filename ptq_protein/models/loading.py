@@ -122,25 +122,25 @@ def load_model(name_or_path: Union[str, os.PathLike], weights: Optional[Union[st
     Parameters
     ----------
     name_or_path
-        Tiny name (``tiny-esm2[@SEED]``), fair-esm name, ``esmfold``, HF repo id, or a path.
+        Tiny name (`tiny-esm2[@SEED]`), fair-esm name, `esmfold`, HF repo id, or a path.
     weights
         Explicit checkpoint file or HF folder (overrides every search).
     device, dtype
         Where and in which floating dtype to put the model.
     seed
-        Seed of a tiny model (default 0; also settable as ``name@SEED``).
+        Seed of a tiny model (default 0; also settable as `name@SEED`).
     config
-        ``EsmConfig`` for a fair-esm ESMFold file (default: the v1 config).
+        `EsmConfig` for a fair-esm ESMFold file (default: the v1 config).
     fp16_esm
         ESMFold only: keep the ESM-2 stem in float16; default False on CPU, else the config's value.
     allow_pickle
-        Fully unpickle ``.pt`` files (only for files you trust); default: tensors only.
+        Fully unpickle `.pt` files (only for files you trust); default: tensors only.
     hash_weights
-        Compute ``source_sha256`` (reads the whole file once).
+        Compute `source_sha256` (reads the whole file once).
     mmap
-        fair-esm ``.pt`` files: memory-map the file; the weights are read as used and
-        :func:`ptq_protein.quantize` (``inplace=True``) hands each layer's pages back
-        once used (see :mod:`ptq_protein.models.mapped`). Do not edit such a model's
+        fair-esm `.pt` files: memory-map the file; the weights are read as used and
+        `ptq_protein.quantize` (`inplace=True`) hands each layer's pages back
+        once used (see `ptq_protein.models.mapped`). Do not edit such a model's
         weights in place. Default False: the file is read into memory (still no
         second copy: the model is built on the meta device).
 
@@ -150,8 +150,8 @@ def load_model(name_or_path: Union[str, os.PathLike], weights: Optional[Union[st
         Nothing local matches; the message lists what was searched.
     InputError
         Unknown name, corrupt file, weights that do not fit the architecture, a
-        published name (``esm2_t6_8M_UR50D``) on a file of other shapes
-        (:mod:`~ptq_protein.models.declared`), or a dangling HF ``refs/main``.
+        published name (`esm2_t6_8M_UR50D`) on a file of other shapes
+        (`ptq_protein.models.declared`), or a dangling HF `refs/main`.
     """
     name = str(name_or_path)
     tiny = _TINY_SEED.fullmatch(name)
@@ -243,6 +243,9 @@ def _read_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: 
     label = path.stem if Path(name).expanduser().absolute() == path else name
     if path.is_dir():
         if not resolve.is_hf_folder(path):
+            if (path / "recipe.json").is_file():  # a fair-esm artifact: not a model folder of any kind
+                raise InputError(f"{path} is a ptq-protein artifact (recipe.json), not a float model: load it with "
+                                 "ptq_protein.load, or load its source model")
             raise InputError(f"{path} is a folder but not a Hugging Face model folder (needs config.json and "
                              "model.safetensors or pytorch_model.bin); point at the snapshot folder")
         model, tokenizer, family = _load_hf_folder(path)
@@ -292,18 +295,21 @@ def _load_fair_esm(name: str, path: Path, data: dict, allow_pickle: bool):
 
 
 def _load_hf_folder(folder: Path):
-    """EsmForMaskedLM or EsmForProteinFolding (from config.is_folding_model), all keys required."""
-    from transformers import EsmConfig, EsmForMaskedLM, EsmForProteinFolding, EsmTokenizer
+    """EsmForProteinFolding (config.is_folding_model), EsmModel (a trunk saved without a head, as its
+    config.json's ``architectures`` says) or EsmForMaskedLM; all keys required."""
+    from transformers import EsmConfig, EsmForMaskedLM, EsmForProteinFolding, EsmModel, EsmTokenizer
 
     try:
         config = EsmConfig.from_pretrained(folder, local_files_only=True)
     except (OSError, ValueError, TypeError) as e:
         raise InputError(f"{folder}/config.json is not an ESM config ({e}); point at an ESM-2 or ESMFold folder") from e
     folding = bool(config.is_folding_model)
-    model_class = EsmForProteinFolding if folding else EsmForMaskedLM
+    trunk = not folding and list(config.architectures or ()) == ["EsmModel"]
+    model_class = EsmForProteinFolding if folding else EsmModel if trunk else EsmForMaskedLM
     try:
+        extra = {"add_pooling_layer": _has_pooler(folder)} if trunk else {}
         model, info = model_class.from_pretrained(folder, config=config, local_files_only=True,
-                                                  output_loading_info=True)
+                                                  output_loading_info=True, **extra)
     except Exception as e:  # noqa: BLE001 -- safetensors/torch raise many types for a bad file
         detail = " ".join(str(e).split())
         if "size mismatch" in detail or "shape" in detail:
@@ -324,6 +330,17 @@ def _load_hf_folder(folder: Path):
         tokenizer = esmfold_tokenizer() if folding else esm_tokenizer(config.vocab_list or ())
     family = ModelFamily.HF_ESMFOLD if folding else ModelFamily.HF_ESM
     return model.eval(), tokenizer, family
+
+
+def _has_pooler(folder: Path) -> bool:
+    """Whether an ``EsmModel`` folder holds pooler weights (``EsmForMaskedLM.esm`` is saved without them)."""
+    from safetensors import safe_open
+
+    path = folder / "model.safetensors"
+    if not path.is_file():
+        return True  # a .bin: transformers' default, and its own missing-key message otherwise
+    with safe_open(str(path), framework="pt") as f:
+        return any(key.startswith("pooler.") for key in f.keys())
 
 
 def _place(loaded: LoadedModel, device, dtype: torch.dtype, fp16_esm: Optional[bool]) -> LoadedModel:

@@ -45,7 +45,7 @@ def parse_engine(engine) -> Engine:
 
 
 def set_engine(model: nn.Module, engine) -> nn.Module:
-    """Choose the integer engine of every QuantLinear in ``model`` (in place; returns ``model``)."""
+    """Choose the integer engine of every QuantLinear in `model` (in place; returns `model`)."""
     choice = parse_engine(engine)
     if choice is Engine.ONEDNN and not _onednn_available():
         from ptq_protein.nn.cpu_int8 import reason

@@ -33,6 +33,7 @@ from ptq_protein.api import crop_sequence, resolve_calibration
 from ptq_protein.config import Backend, QuantConfig, SiteKind, TensorQuant
 from ptq_protein.errors import InputError
 from ptq_protein.models.adapters import get_adapter
+from ptq_protein.passes.float_source import require_float
 from ptq_protein.search.budget import VALUE_METRIC, Budget
 from ptq_protein.search.metrics import METRIC_VALUES, Metric, Scorer, choose_metric
 from ptq_protein.search.units import Unit, UnitKind, make_units
@@ -124,6 +125,7 @@ def auto_quantize(model: nn.Module, budget: Union[str, Budget, None] = None, *, 
     """
     budget = budget if isinstance(budget, Budget) else Budget.parse(budget, max_bits_avg)
     family = get_adapter(model).family
+    require_float(model)
     chosen_metric = choose_metric(family, metric, budget.metric)
     value_name = budget.value_name or next(iter(METRIC_VALUES[chosen_metric]))
     menu = tuple(dict.fromkeys([_FP, *choices]))

@@ -26,6 +26,7 @@ from ptq_protein.eval.bench.results_store import INPUTS_KEY, ResultsStore, check
 from ptq_protein.io_utils import atomic_write_text
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.fingerprint import model_fingerprint
+from ptq_protein.passes.float_source import require_float
 from ptq_protein.passes.sequences import with_input_digests
 from ptq_protein.presets import resolve_config
 from ptq_protein.report import asymmetry
@@ -50,29 +51,41 @@ def sensitivity(model: nn.Module, recipe: Union[str, QuantConfig, dict] = "w8a8-
                 calibration: Any = "casp14:50", complement: bool = False, batch_size: Optional[int] = None,
                 num_recycles: Optional[int] = None, max_length: Optional[int] = None,
                 workbench: Optional[Workbench] = None, model_info: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """Rank units by how much quantizing them alone moves ``metric`` away from the FP model.
+    """Rank units by how much quantizing them alone moves `metric` away from the FP model.
 
     Parameters
     ----------
-    model : ESM-2 / ESMFold model (not modified).
-    recipe : preset name or config giving each unit's precision (its kinds/groups/globs give the scope).
-    sequences : the sequences the metric is measured on (set spec, FASTA path or list).
-    metric : ``tm`` (ESMFold), ``contacts`` (both), ``logits`` (ESM-2 LMs); None: the family's
-        (``tm`` for ESMFold, ``logits`` for language models).
-    unit : ``site``, ``layer`` or ``part``.
-    out_dir : where to write ``sensitivity.csv``, ``summary.md``, ``sensitivity.png`` (None: nothing written).
-    calibration, batch_size, num_recycles : as for :func:`ptq_protein.quantize`.
-    max_length : crop calibration and metric sequences to their central window of this many residues.
-    workbench : reuse an existing calibrated :class:`Workbench` (its scope must match ``recipe``).
-    model_info : how the model was made (name, source, sha256, seed), recorded in ``run.json`` beside a
+    model
+        ESM-2 / ESMFold model (not modified).
+    recipe
+        Preset name or config giving each unit's precision (its kinds/groups/globs give the scope).
+    sequences
+        The sequences the metric is measured on (set spec, FASTA path or list).
+    metric
+        `tm` (ESMFold), `contacts` (both), `logits` (ESM-2 LMs); None: the family's
+        (`tm` for ESMFold, `logits` for language models).
+    unit
+        `site`, `layer` or `part`.
+    out_dir
+        Where to write `sensitivity.csv`, `summary.md`, `sensitivity.png` (None: nothing written).
+    calibration, batch_size, num_recycles
+        As for `ptq_protein.quantize`.
+    max_length
+        Crop calibration and metric sequences to their central window of this many residues.
+    workbench
+        Reuse an existing calibrated `Workbench` (its scope must match `recipe`).
+    model_info
+        How the model was made (name, source, sha256, seed), recorded in `run.json` beside a
         fingerprint of its weights, so a resumed run made by another model is refused.
 
     Returns
     -------
-    dict with ``rows`` (highest loss first), ``timing`` and, with ``out_dir``, the output ``paths``.
+    dict
+        `rows` (highest loss first), `timing` and, with `out_dir`, the output `paths`.
     """
     config = resolve_config(recipe)
     adapter = get_adapter(model)
+    require_float(model)
     metric = choose_metric(adapter.family, metric)
     unit = UnitKind(unit)
     seq_name, seqs = resolve_calibration(sequences)

@@ -173,9 +173,9 @@ def _h5_files(out_dir: Path) -> List[Path]:
 
 
 def read_embeddings(out_dir) -> Dict[str, Dict[str, Any]]:
-    """Every sequence an embed run wrote into ``out_dir``: {label: the dict fair-esm's ``extract.py`` saves}.
+    """Every sequence an embed run wrote into `out_dir`: {label: the dict fair-esm's `extract.py` saves}.
 
-    Reads ``LABEL.pt`` files (``torch.load(weights_only=True)``) or every HDF5
+    Reads `LABEL.pt` files (`torch.load(weights_only=True)`) or every HDF5
     shard (finished or still in parts); the same dict either way.
 
     Example

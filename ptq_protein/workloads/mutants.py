@@ -39,10 +39,10 @@ class Substitution:
 
 
 def parse_mutant(text: str, sequence: str, offset_idx: int = DEFAULT_OFFSET) -> Mutant:
-    """The substitutions of ``text`` (``A24G`` or ``A24G:C30T``) checked against ``sequence``.
+    """The substitutions of `text` (`A24G` or `A24G:C30T`) checked against `sequence`.
 
-    ``offset_idx``: the number the first residue of ``sequence`` has in ``text``
-    (predict.py's ``--offset-idx``: ``index = position - offset_idx``).
+    `offset_idx`: the number the first residue of `sequence` has in `text`
+    (predict.py's `--offset-idx`: `index = position - offset_idx`).
 
     >>> parse_mutant("K2A:T3G", "MKTAY")
     (Substitution(wt='K', index=1, mt='A'), Substitution(wt='T', index=2, mt='G'))

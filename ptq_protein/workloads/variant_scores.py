@@ -103,7 +103,7 @@ def pseudo_log_likelihoods(model: nn.Module, sequences: Sequence[str], toks_per_
 
 def score_mutants(model: nn.Module, sequence: str, mutants: Sequence[Mutant], strategy: "str | Strategy",
                   toks_per_batch: int = DEFAULT_TOKS_PER_BATCH, progress: bool = False) -> List[float]:
-    """One score per mutant (parsed by :func:`~ptq_protein.workloads.mutants.parse_mutant` against ``sequence``)."""
+    """One score per mutant (parsed by `ptq_protein.workloads.mutants.parse_mutant` against `sequence`)."""
     strategy = Strategy.parse(strategy)
     if strategy.marginal:
         table = position_log_probs(model, sequence, strategy, toks_per_batch, progress)
@@ -116,7 +116,7 @@ def score_mutants(model: nn.Module, sequence: str, mutants: Sequence[Mutant], st
 
 def single_mutant_scores(model: nn.Module, sequence: str, strategy: "str | Strategy",
                          toks_per_batch: int = DEFAULT_TOKS_PER_BATCH, progress: bool = False) -> SingleMutantScores:
-    """Every substitution by one of the 20 amino acids at every position (:class:`SingleMutantScores`)."""
+    """Every substitution by one of the 20 amino acids at every position (`SingleMutantScores`)."""
     strategy = Strategy.parse(strategy)
     if strategy.marginal:
         return marginal_grid(position_log_probs(model, sequence, strategy, toks_per_batch, progress), sequence)

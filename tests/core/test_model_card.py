@@ -59,7 +59,21 @@ def test_card_is_outside_the_seal_and_hf_card_says_from_pretrained(hf_esm2, seqs
 
 
 @pytest.mark.parametrize("name, base", [("facebook/esm2_t33_650M_UR50D", "facebook/esm2_t33_650M_UR50D"),
-                                        ("my-model", None)])
-def test_base_model_only_for_hub_names(esm2, tmp_path, name, base):
+                                        ("esm2_t12_35M_UR50D", "facebook/esm2_t12_35M_UR50D"),
+                                        ("esmfold", "facebook/esmfold_v1"),
+                                        ("my-model", None),
+                                        ("esm2_tiny", None),  # a file named esm2_tiny.pt: nobody's release
+                                        ("esm2_t6_custom", None),
+                                        ("runs/local-folder", None)])  # a local path, not a Hub id
+def test_base_model_only_for_hub_names(esm2, tmp_path, monkeypatch, name, base):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "local-folder").mkdir(parents=True)
     pp.save(pp.quantize(esm2, "w8-only"), tmp_path / "a", model_info={"name": name})
     assert _front_matter((tmp_path / "a" / "README.md").read_text()).get("base_model") == base
+
+
+def test_card_says_how_to_install_from_source(esm2, tmp_path):
+    pp.save(pp.quantize(esm2, "w8-only"), tmp_path / "a", model_info={"name": "esm2_tiny"})
+    card = (tmp_path / "a" / "README.md").read_text()
+    assert "pip install ptq-protein" not in card and "pip install 'ptq-protein" not in card
+    assert "git clone https://github.com/ptq-protein/ptq-protein && pip install -e ./ptq-protein" in card

@@ -122,3 +122,13 @@ def test_write_fasta_round_trips_atomically(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["w.fasta"]  # no temp files left
     with pytest.raises(InputError, match="without whitespace"):
         write_fasta(tmp_path / "bad.fasta", [("two words", "MKT")])
+
+
+def test_changes_say_what_reading_changed_per_sequence():
+    from ptq_protein.fasta import read_fasta
+
+    changes = {}
+    records = read_fasta(">a\nmkT*\n>b\nACD\n>a\nac\n", duplicates="rename", changes=changes)
+    assert records == [("a", "MKT"), ("b", "ACD"), ("a#2", "AC")]
+    assert changes == {"a": "2 lower-case letters read as upper case; the terminal '*' (stop) dropped",
+                       "a#2": "2 lower-case letters read as upper case"}

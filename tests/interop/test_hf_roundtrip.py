@@ -73,6 +73,27 @@ def test_base_model_of_a_masked_lm_artifact(masked_lm_artifact, seqs, tmp_path):
     assert not (tmp_path / "part").exists()
 
 
+@pytest.mark.parametrize("head", ["EsmForSequenceClassification", "EsmForTokenClassification"])
+def test_task_heads_take_the_quantized_trunk(masked_lm_artifact, seqs, tmp_path, head, caplog):
+    """Any ESM task head loads the artifact's quantized trunk; the head itself is float and new (and said so)."""
+    import transformers
+
+    ref = pp.load(masked_lm_artifact)
+    model = getattr(transformers, head).from_pretrained(masked_lm_artifact, num_labels=3)
+    assert type(model).__name__ == head and "newly initialised" in caplog.text
+    batch = _batch(seqs[:3])
+    with torch.no_grad():
+        hidden = ref.esm(**batch).last_hidden_state
+        assert torch.equal(model.esm(**batch).last_hidden_state, hidden)
+        out = model(**batch, output_hidden_states=True)
+        assert torch.equal(out.hidden_states[-1], hidden)
+    weight = model.classifier.weight if head == "EsmForTokenClassification" else model.classifier.dense.weight
+    assert weight.dtype == torch.float32 and 0 < weight.std() < 0.1  # transformers' initialisation, not garbage
+    assert out.logits.shape[-1] == 3
+    with pytest.raises(ValueError, match="not a whole ptq-protein model"):
+        model.save_pretrained(tmp_path / "head")  # the artifact holds the trunk; this head is the user's
+
+
 def test_esmfold_from_pretrained_is_pp_load(esmfold, seqs, tmp_path):
     q = pp.quantize(esmfold, "w8a8-uniform", calibration=seqs[:2], num_recycles=0)
     pp.save(q, tmp_path / "f")
@@ -99,7 +120,7 @@ def test_without_ptq_protein_transformers_says_what_to_install(masked_lm_artifac
 
     monkeypatch.delitem(auto.AUTO_QUANTIZATION_CONFIG_MAPPING, "ptq_protein")
     monkeypatch.delitem(auto.AUTO_QUANTIZER_MAPPING, "ptq_protein")
-    with pytest.raises(ValueError, match="pip install ptq-protein"):
+    with pytest.raises(ValueError, match="install ptq-protein from source"):
         AutoModelForMaskedLM.from_pretrained(masked_lm_artifact)
 
 

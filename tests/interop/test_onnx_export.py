@@ -13,6 +13,7 @@ docs/int8.md for the per-length bounds).
 """
 
 import builtins
+import json
 
 import pytest
 import torch
@@ -48,6 +49,21 @@ def _export(model, recipe, seqs, tmp_path, **kwargs):
     return pp.load(tmp_path / "a"), ort_session(tmp_path / "m.onnx", threads=1)
 
 
+def _feed(ids, mask=None):
+    mask = (ids != 1) if mask is None else mask
+    return {"input_ids": ids.numpy(), "attention_mask": mask.long().numpy()}
+
+
+def _torch_outputs(model, ids):
+    """(logits, last_hidden_state) as torch computes them, from the model's own forward."""
+    with torch.no_grad():
+        if type(model).__name__ == "ESM2":
+            out = model(ids, repr_layers=[model.num_layers])
+            return out["logits"], out["representations"][model.num_layers]
+        out = model(input_ids=ids, attention_mask=(ids != 1).long(), output_hidden_states=True)
+        return out.logits, out.hidden_states[-1]
+
+
 @pytest.mark.parametrize("recipe", ["w8a8-uniform", "w8a8-dynamic", "w8-only"])
 @pytest.mark.parametrize("family", ["esm2", "hf_esm2"])
 def test_onnx_runtime_matches_the_fake_model(request, seqs, tmp_path, family, recipe):
@@ -55,21 +71,87 @@ def test_onnx_runtime_matches_the_fake_model(request, seqs, tmp_path, family, re
     adapter = get_adapter(ref)
     batch = adapter.make_batch(seqs)  # five lengths: a padded batch, longer than the traced one
     ids = batch.inputs.get("tokens", batch.inputs.get("input_ids"))
+    assert [i.name for i in session.get_inputs()] == ["input_ids", "attention_mask"]
+    assert [o.name for o in session.get_outputs()] == ["logits", "last_hidden_state"]
 
-    def run(model):
-        with torch.no_grad():
-            return _logits(adapter.forward(model, batch))
+    def run(model, which=0):
+        return _torch_outputs(model, ids)[which]
 
-    want, got = run(ref), session.run(None, {"input_ids": ids.numpy()})[0]
-    assert got.shape == tuple(want.shape)
-    assert _rel(got, want, ids != 1) <= _bound(run, ref, ids != 1)
+    got = session.run(None, _feed(ids))
+    for which, name in enumerate(("logits", "last_hidden_state")):
+        want = run(ref, which)
+        assert got[which].shape == tuple(want.shape), name
+        bound = _bound(lambda m, w=which: run(m, w), ref, ids != 1)
+        assert _rel(got[which], want, ids != 1) <= bound, name
     assert (ids[0] != 1).all()  # the longest sequence alone has no padding: the traced padding branch still holds
-    alone = session.run(None, {"input_ids": ids[:1].numpy()})[0]
-    assert _rel(alone, want[:1], ids[:1] != 1) <= _bound(run, ref, ids != 1)
+    alone = session.run(None, _feed(ids[:1]))[0]
+    assert _rel(alone, run(ref)[:1], ids[:1] != 1) <= _bound(run, ref, ids != 1)
 
 
-def _logits(out):
-    return out["logits"] if isinstance(out, dict) else out.logits
+@pytest.mark.parametrize("family", ["esm2", "hf_esm2"])
+def test_attention_mask_masks_padding_and_the_id_table_tokenizes(request, seqs, tmp_path, family):
+    """Padding is what attention_mask says, whatever ids stand there; vocab.txt beside the file is a tokenizer
+    whose ids are the ones the model was quantized with."""
+    from transformers import EsmTokenizer
+
+    ref, session = _export(request.getfixturevalue(family), "w8a8-uniform", seqs, tmp_path)
+    tokenizer = EsmTokenizer.from_pretrained(tmp_path)
+    encoded = tokenizer(seqs, padding=True, return_tensors="pt")
+    ids, mask = encoded["input_ids"], encoded["attention_mask"]
+    batch = get_adapter(ref).make_batch(seqs)
+    assert torch.equal(ids, batch.inputs.get("tokens", batch.inputs.get("input_ids")))
+    want = _torch_outputs(ref, ids)[1]
+    keep = mask.bool()
+    got = session.run(["last_hidden_state"], _feed(ids, mask))[0]
+    assert _rel(got, want, keep) <= _bound(lambda m: _torch_outputs(m, ids)[1], ref, keep)
+    garbage = ids.masked_fill(~keep, 5)  # a residue id where the mask says padding
+    torch.testing.assert_close(torch.as_tensor(session.run(["last_hidden_state"], _feed(garbage, mask))[0])[keep],
+                               torch.as_tensor(got)[keep])
+    table = json.loads((tmp_path / "tokens.json").read_text())
+    assert table["tokens"] == tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    assert table["special_ids"] == {"bos": 0, "pad": 1, "eos": 2, "unk": 3, "mask": 32}
+
+
+def test_hidden_states_on_request(hf_esm2, seqs, tmp_path):
+    q = pp.quantize(hf_esm2, "w8a8-dynamic")
+    pp.save(q, tmp_path / "a")
+    export_onnx(tmp_path / "a", tmp_path / "m.onnx", hidden_states=True)
+    ref, session = pp.load(tmp_path / "a"), ort_session(tmp_path / "m.onnx", threads=1)
+    ids = get_adapter(ref).make_batch(seqs).inputs["input_ids"]
+
+    def stacked(model):
+        with torch.no_grad():
+            return torch.stack(model(input_ids=ids, attention_mask=ids != 1, output_hidden_states=True).hidden_states,
+                               dim=2)
+
+    got = session.run(["hidden_states"], _feed(ids))[0]
+    assert got.shape == tuple(stacked(ref).shape)
+    assert _rel(got, stacked(ref), ids != 1) <= _bound(stacked, ref, ids != 1)
+
+
+def test_cli_quantizes_and_exports_an_esm_model_folder(hf_esm2, seqs, tmp_path, capsys):
+    """A transformers EsmModel folder (a trunk, no LM head) quantizes from the CLI as from the API."""
+    from ptq_protein.cli.main import main
+    from ptq_protein.models.tokens import esm_tokenizer
+
+    hf_esm2.esm.save_pretrained(tmp_path / "trunk")
+    esm_tokenizer().save_pretrained(tmp_path / "trunk")
+    assert main(["quantize", str(tmp_path / "trunk"), "--preset", "w8a8-dynamic", "--calib", "casp14:2",
+                 "--out", str(tmp_path / "a"), "--quiet"]) == 0
+    capsys.readouterr()
+    ref = pp.load(tmp_path / "a")
+    assert type(ref).__name__ == "EsmModel"
+    assert main(["export", str(tmp_path / "a"), "--out", str(tmp_path / "x" / "m.onnx"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["outputs"] == ["last_hidden_state"] and summary["inputs"] == ["input_ids", "attention_mask"]
+    ids = get_adapter(ref).make_batch(seqs).inputs["input_ids"]
+
+    def last(model):
+        with torch.no_grad():
+            return model(input_ids=ids, attention_mask=ids != 1).last_hidden_state
+
+    got = ort_session(tmp_path / "x" / "m.onnx", threads=1).run(None, _feed(ids))[0]
+    assert _rel(got, last(ref), ids != 1) <= _bound(last, ref, ids != 1)
 
 
 def test_esmfold_stem_exports(esmfold, seqs, tmp_path):
@@ -81,7 +163,8 @@ def test_esmfold_stem_exports(esmfold, seqs, tmp_path):
             out = model(input_ids=ids, attention_mask=ids != 1, output_hidden_states=True)
         return torch.stack(out.hidden_states, dim=2)
 
-    want, got = stem(ref.esm), session.run(None, {"input_ids": ids.numpy()})[0]
+    assert [o.name for o in session.get_outputs()] == ["last_hidden_state", "hidden_states"]
+    want, got = stem(ref.esm), session.run(["hidden_states"], _feed(ids))[0]
     assert _rel(got, want, ids != 1) <= _bound(stem, ref.esm, ids != 1)
 
 
@@ -183,9 +266,8 @@ def test_onnx_runtime_at_1022_residues_within_the_stated_bound(request, seqs, tm
     adapter = get_adapter(ref)
     batch = adapter.make_batch([_long_sequence(1022)])
     ids = batch.inputs.get("tokens", batch.inputs.get("input_ids"))
-    with torch.no_grad():
-        want = _logits(adapter.forward(ref, batch))
-    got = session.run(None, {"input_ids": ids.numpy()})[0]
+    want = _torch_outputs(ref, ids)[0]
+    got = session.run(["logits"], _feed(ids))[0]
     assert _rel(got, want, ids != 1) <= BOUND_1022[recipe]
 
 
@@ -211,7 +293,7 @@ def test_at_1022_residues_the_only_code_differences_sit_on_a_code_boundary(reque
         graph.graph.output.append(onnx.helper.make_tensor_value_info(node.output[0], onnx.TensorProto.UINT8, None))
     onnx.save(graph, str(tmp_path / "probe.onnx"))
     session = ort_session(tmp_path / "probe.onnx", threads=1)
-    outs = dict(zip([o.name for o in session.get_outputs()], session.run(None, {"input_ids": ids.numpy()})))
+    outs = dict(zip([o.name for o in session.get_outputs()], session.run(None, _feed(ids))))
     seen = []
     hooks = [m.register_forward_hook(lambda mod, inp, out: seen.append((mod, inp[0].detach().clone())))
              for m in ref.modules() if isinstance(m, ActQuantizer)]
