@@ -63,7 +63,7 @@ def test_every_config_edit_loads_the_sealed_model_or_is_refused(masked_lm_artifa
         (masked_lm_artifact / "config.json").write_text(json.dumps(original))
     assert not changed_outputs, changed_outputs
     assert "config.json field dtype is 'float16'" in refused["dtype -> 'float16'"]
-    assert "pip install ptq-protein" in refused["quantization_config removed"]
+    assert "pip install -e ./ptq-protein" in refused["quantization_config removed"]  # the install hint
 
 
 def test_no_local_path_in_what_push_to_hub_uploads(hf_esm2, calib_seqs, tmp_path):
