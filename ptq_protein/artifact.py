@@ -63,6 +63,7 @@ from ptq_protein.models.float_dtypes import apply_float_dtypes, float_dtypes, ma
 from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.nn.pair_int8 import use_pair_int8
 from ptq_protein.nn.special_tokens import apply_special_tokens_
+from ptq_protein.process_memory import release_freed_memory
 from ptq_protein.quant.codebook import PiecewiseCodebook
 from ptq_protein.report import report_markdown
 from ptq_protein.site_plan import MixedPlan
@@ -323,7 +324,7 @@ def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = N
     config = QuantConfig.from_dict(recipe["config"])
     if backend is not None:
         config = config.replace(backend=Backend(backend))
-    model = build_architecture(recipe["architecture"])
+    model = build_architecture(recipe["architecture"], initialise=False)  # every tensor is loaded below
     from ptq_protein.models.adapters import get_adapter
 
     adapter = get_adapter(model)
@@ -362,6 +363,8 @@ def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = N
                                  recipe.get("fp_sites", []),
                                  plan=plan)
     model.ptq_recipe = recipe
+    del tensors
+    release_freed_memory()  # the skeleton's float weights, replaced above, were freed
     return set_engine(model.eval().to(device), engine)
 
 

@@ -14,11 +14,10 @@ sequence alignment for ``"author"`` sets.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import logging
 from pathlib import Path
-from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -38,6 +37,7 @@ from ptq_protein.eval.bench.runner import (
 )
 from ptq_protein.eval.bench.summary import MetricSpec, write_outputs
 from ptq_protein.io_utils import atomic_write_bytes
+from ptq_protein.models.lm_outputs import eager_attention
 
 __all__ = ["CONTACT_COLUMNS", "CONTACT_METRICS", "evaluate_contacts", "predict_contacts"]
 
@@ -110,28 +110,12 @@ def predict_contacts(model: nn.Module, sequence: str) -> np.ndarray:
     if adapter.family == "fair-esm":
         contacts = model(inputs["tokens"], return_contacts=True)["contacts"]
     else:
-        with _eager_attention(model):
+        with eager_attention(model):
             contacts = model.predict_contacts(inputs["input_ids"], inputs["attention_mask"])
     result = contacts[0].float().cpu().numpy()
     if result.shape != (len(sequence), len(sequence)):
         raise RuntimeError(f"contact map has shape {result.shape}, expected {(len(sequence),) * 2}")
     return result
-
-
-@contextlib.contextmanager
-def _eager_attention(model: nn.Module) -> Iterator[None]:
-    """transformers' SDPA/flash attention returns no attention maps, which the contact head needs:
-    switch to eager attention for the call and restore the model's setting after it."""
-    config = getattr(model, "config", None)
-    old = getattr(config, "_attn_implementation", None)
-    if old in (None, "eager") or not hasattr(model, "set_attn_implementation"):
-        yield
-        return
-    model.set_attn_implementation("eager")
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(old)
 
 
 def _predict_and_score(model: nn.Module, bench: BenchmarkSet, target: Target, recipe: str,

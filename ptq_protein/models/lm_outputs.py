@@ -21,7 +21,7 @@ from typing import Dict, Iterator, Optional, Sequence
 import torch
 from torch import nn
 
-__all__ = ["LMOutputs", "LMInfo", "lm_info", "lm_forward", "lm_tokens", "normalize_layers"]
+__all__ = ["LMOutputs", "LMInfo", "lm_info", "lm_forward", "lm_tokens", "normalize_layers", "eager_attention"]
 
 
 @dataclass
@@ -121,7 +121,7 @@ def _hf_forward(model: nn.Module, tokens: torch.Tensor, repr_layers: Sequence[in
     from ptq_protein.models.adapters import _esm_alphabet
 
     mask = (tokens != _esm_alphabet().padding_idx).long()
-    with _eager_attention(model, contacts):
+    with eager_attention(model, contacts):
         out = model(input_ids=tokens, attention_mask=mask, output_hidden_states=bool(repr_layers),
                     output_attentions=contacts, return_dict=True)
     reps = {layer: out.hidden_states[layer] for layer in repr_layers}
@@ -134,10 +134,11 @@ def _hf_forward(model: nn.Module, tokens: torch.Tensor, repr_layers: Sequence[in
 
 
 @contextlib.contextmanager
-def _eager_attention(model: nn.Module, needed: bool) -> Iterator[None]:
-    """transformers' SDPA returns no attention maps: switch to eager attention for this call only."""
-    old = getattr(model.config, "_attn_implementation", None)
-    if not needed or old == "eager" or not hasattr(model, "set_attn_implementation"):
+def eager_attention(model: nn.Module, needed: bool = True) -> Iterator[None]:
+    """transformers' SDPA returns no attention maps (the contact head needs them): switch to eager attention for
+    this call only, and restore the model's setting after it. A no-op for fair-esm models and when not needed."""
+    old = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if not needed or old in (None, "eager") or not hasattr(model, "set_attn_implementation"):
         yield
         return
     model.set_attn_implementation("eager")
