@@ -4,7 +4,7 @@ glibc serves a large block by ``mmap`` and returns it on ``free``, but after suc
 threshold (up to 32 MiB): later blocks of that size come from the heap, which keeps their pages after
 ``free``. Loading a quantized model frees many weight-sized temporaries (the float weights it replaces,
 the codes it prepacks), so a loaded ESM-2 650M int8 artifact sat at 2.8 GiB resident after one forward
-while it held 0.9 GiB; with the threshold fixed, 1.0 GiB (BENCHMARKS.md, "Embeddings"). Both calls are
+while it held 0.9 GiB; with the threshold fixed, 1.0 GiB (docs/benchmarks-history.md, 2026-12-04). Both calls are
 no-ops off glibc (macOS, Windows, musl).
 """
 
