@@ -51,6 +51,7 @@ from ptq_protein.artifact_seal import (
     plain_file,
     tensors_sha256,
 )
+from ptq_protein.artifact_tensors import read_tensors
 from ptq_protein.calibration.matmul_sites import QuantMatmulHost
 from ptq_protein.calibration.sites import Site, set_module
 from ptq_protein.config import Backend, QuantConfig, SiteKind, TensorQuant
@@ -285,12 +286,15 @@ def _verify(path: Path, recipe: Dict[str, Any]) -> None:
 
 
 def _linear_shell(name: str, entry: Dict[str, Any], tensors: Dict[str, torch.Tensor], backend: Backend) -> QuantLinear:
+    """A QuantLinear of the site's shape and specs on the meta device: ``load`` gives it the read tensors."""
     wspec = None if entry["weight_spec"] is None else TensorQuant.from_dict(entry["weight_spec"])
     quant = ActQuantizer.from_state(entry["input_quant"]) if "input_quant" in entry else None
     codebook = PiecewiseCodebook.from_dict(entry["weight_codebook"]) if "weight_codebook" in entry else None
     if wspec is not None and f"{name}.weight_packed" in tensors:
         tensors[f"{name}.weight_codes"] = unpack_int4(tensors.pop(f"{name}.weight_packed"), entry["in_features"])
-    get = tensors.get
+    def get(key: str) -> Optional[torch.Tensor]:
+        return tensors[key].to("meta") if key in tensors else None
+
     return QuantLinear(entry["in_features"], entry["out_features"], weight=get(f"{name}.weight"),
                        weight_codes=get(f"{name}.weight_codes"), weight_scale=get(f"{name}.weight_scale"),
                        weight_zero_point=get(f"{name}.weight_zero_point"), weight_spec=wspec,
@@ -308,18 +312,13 @@ def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = N
     from ptq_protein.nn.int_exec import parse_engine, set_engine
 
     engine = parse_engine(engine)
-    from safetensors.torch import load_file
-
     path = Path(path)
     _check_device(device)
     if backend is not None and backend not in {b.value for b in Backend}:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(b.value for b in Backend)}")
     recipe = _read_recipe(path)
     _verify(path, recipe)
-    try:
-        tensors = load_file(str(path / TENSORS))
-    except Exception as err:  # safetensors raises its own error types for malformed files
-        raise ArtifactError(f"{path / TENSORS} could not be read ({err}); re-run quantize") from err
+    tensors = read_tensors(path / TENSORS)  # owned, read once: the model adopts them below (no second copy)
     check_tensors(recipe, tensors, path / RECIPE, path / TENSORS)
     config = QuantConfig.from_dict(recipe["config"])
     if backend is not None:
@@ -340,7 +339,7 @@ def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = N
                        QuantInput(model.get_submodule(name), ActQuantizer.from_state(entry["input_quant"])))
     for alias, target in recipe.get("aliases", {}).items():
         tensors[alias] = tensors[target]
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
     if missing or unexpected:
         raise ArtifactError(f"artifact tensors do not fit the architecture (missing {missing[:3]}, unexpected "
                             f"{unexpected[:3]}); the artifact is corrupt or from another release: re-run quantize")

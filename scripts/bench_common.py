@@ -95,6 +95,10 @@ def medians(times: Dict[str, List[float]]) -> Dict[str, float]:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+# Environment variables that hold oneDNN, ATen and MKL to older instruction sets (emulating e.g. an AVX2-only CPU).
+ISA_LIMITS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
+
+
 def cpu_facts() -> str:
     """One line: the CPU model, torch's CPU capability and which of :data:`CPU_FLAGS` are present (VNNI or not)."""
     try:
@@ -105,5 +109,10 @@ def cpu_facts() -> str:
     model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "?")
     present = [f for f in CPU_FLAGS if f in flags]
     vnni = "VNNI" if {"avx512_vnni", "avx_vnni"} & flags else "no VNNI"
+    limits = [f"{k}={os.environ[k]}" for k in ISA_LIMITS if os.environ.get(k)]
+    limited = f"; instruction sets limited by {' '.join(limits)} (an emulated older CPU)" if limits else ""
+    from ptq_protein.nn import cpu_int8
+
     return (f"CPU {model}; torch.backends.cpu.get_cpu_capability() = {torch.backends.cpu.get_cpu_capability()}; "
-            f"flags: {' '.join(present) or 'none of ' + ' '.join(CPU_FLAGS)} ({vnni})")
+            f"flags: {' '.join(present) or 'none of ' + ' '.join(CPU_FLAGS)} ({vnni}){limited}; "
+            f"int8 GEMM: {cpu_int8.reason()}")
