@@ -81,6 +81,11 @@ class PtqProteinQuantizer(HfQuantizer):
         # transformers reads the integer tensors under names its model lacks; the whole model is replaced after
         model._keys_to_ignore_on_load_missing = {".*"}
         model._keys_to_ignore_on_load_unexpected = {".*"}
+        # The trunk is always replaced after loading (become / graft_trunk): marked initialised, transformers does not
+        # fill its float weights with random values first (an ESM-2 650M artifact's load: 3.5 -> 1.1 GiB resident).
+        # A task head (classifier) is not marked: it stays float and new, initialised as usual.
+        for module in model.base_model.modules():
+            module._is_hf_initialized = True
         return model
 
     def _process_model_after_weight_loading(self, model: PreTrainedModel, **kwargs: Any):

@@ -94,6 +94,29 @@ def test_task_heads_take_the_quantized_trunk(masked_lm_artifact, seqs, tmp_path,
         model.save_pretrained(tmp_path / "head")  # the artifact holds the trunk; this head is the user's
 
 
+def test_the_replaced_trunk_is_never_initialised(masked_lm_artifact, monkeypatch):
+    """transformers fills missing float weights with random values before the quantizer replaces the trunk: that
+    cost the float model's size in memory for nothing (ESM-2 650M: 3.5 GiB resident instead of 1.1). Only a new
+    head is initialised."""
+    import transformers
+    from transformers.models.esm import modeling_esm
+
+    initialised = []
+    original = modeling_esm.EsmPreTrainedModel._init_weights
+
+    def spy(self, module):
+        initialised.append(type(module).__name__)
+        return original(self, module)
+
+    monkeypatch.setattr(modeling_esm.EsmPreTrainedModel, "_init_weights", spy)
+    trunk = {"EsmEmbeddings", "EsmEncoder", "EsmLayer", "EsmSelfAttention", "EsmIntermediate", "EsmOutput"}
+    AutoModelForMaskedLM.from_pretrained(masked_lm_artifact)
+    assert not trunk & set(initialised)
+    initialised.clear()
+    transformers.EsmForSequenceClassification.from_pretrained(masked_lm_artifact, num_labels=2)
+    assert "EsmClassificationHead" in initialised and not trunk & set(initialised)
+
+
 def test_esmfold_from_pretrained_is_pp_load(esmfold, seqs, tmp_path):
     q = pp.quantize(esmfold, "w8a8-uniform", calibration=seqs[:2], num_recycles=0)
     pp.save(q, tmp_path / "f")
