@@ -5,7 +5,9 @@ The memory model is :mod:`ptq_protein.models.fold_memory`. The budget is
 90% of what the machine has available (``MemAvailable``; the rest is headroom for
 the prediction's error). Chunk sizes are tried from
 the model's own (unchunked first when it runs unchunked) down to the smallest;
-the first whose predicted peak fits is used for this sequence only.
+the first whose predicted peak fits is used for this sequence only. The
+prediction starts from what the process holds before the fold (freed heap pages
+returned first) when that is more than the model's runtime and weights.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from torch import nn
 
 from ptq_protein.errors import InputError
 from ptq_protein.models.fold_memory import CHUNK_CHOICES, FoldPlan, choose_plan, dims_of, predict_peak
-from ptq_protein.workflows.memory_budget import DEFAULT_SHARE, process_budget  # noqa: F401 (re-exported)
+from ptq_protein.process_memory import release_freed_memory
+from ptq_protein.workflows.memory_budget import DEFAULT_SHARE, process_budget, resident_bytes  # noqa: F401
 
-__all__ = ["FoldRefused", "planned_fold", "fold_budget", "longest_fitting"]
+__all__ = ["FoldRefused", "planned_fold", "fold_budget", "longest_fitting", "resident_before_fold"]
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +54,13 @@ def planned_fold(model: nn.Module, length: int, max_memory: Optional[int] = None
     own = trunk.chunk_size
     dims, bits = dims_of(model), getattr(model, "pair_bits", None)
     chunks = CHUNK_CHOICES if own is None else [c for c in CHUNK_CHOICES if c is not None and c <= own]
-    plan = choose_plan(dims, length, budget, pair_bits=bits, chunks=chunks)
+    resident = resident_before_fold()
+    plan = choose_plan(dims, length, budget, pair_bits=bits, chunks=chunks, resident=resident)
     if plan is None:
-        raise FoldRefused(_refusal(model, length, budget, bits, min(c for c in chunks if c is not None)))
+        raise FoldRefused(_refusal(model, length, budget, bits, min(c for c in chunks if c is not None), resident))
     if plan.chunk != own:
         log.warning("%d residues: predicted peak %.1f GiB within the %.1f GiB budget with %s (the model's: %s)",
-                    length, predict_peak(dims, plan) / _GIB, budget / _GIB, plan.describe(),
+                    length, predict_peak(dims, plan, resident) / _GIB, budget / _GIB, plan.describe(),
                     "unchunked" if own is None else own)
     trunk.set_chunk_size(plan.chunk)
     try:
@@ -65,23 +69,41 @@ def planned_fold(model: nn.Module, length: int, max_memory: Optional[int] = None
         trunk.set_chunk_size(own)
 
 
-def longest_fitting(model: nn.Module, budget: int, pair_bits: Optional[int], chunk: int) -> int:
-    """The longest length (residues) whose predicted peak at ``chunk`` is within ``budget`` bytes (0: none)."""
+def resident_before_fold() -> int:
+    """Bytes this process holds before a fold (VmRSS, 0 where unknown), its freed heap pages returned first.
+
+    The memory model's runtime was measured on one CPU install; a process that holds more (a CUDA
+    build of torch, other models, an earlier fold) starts its fold from there.
+    """
+    release_freed_memory()
+    return resident_bytes()
+
+
+def longest_fitting(model: nn.Module, budget: int, pair_bits: Optional[int], chunk: int,
+                    resident: Optional[int] = None) -> int:
+    """The longest length (residues) whose predicted peak at ``chunk`` is within ``budget`` bytes (0: none).
+
+    ``resident``: as :func:`~ptq_protein.models.fold_memory.predict_peak`'s.
+    """
     dims = dims_of(model)
+
+    def fits(n: int) -> bool:
+        return predict_peak(dims, FoldPlan(n, 1, chunk, pair_bits), resident) <= budget
+
     low, high = 0, 1
-    while predict_peak(dims, FoldPlan(high, 1, chunk, pair_bits)) <= budget and high < 1 << 20:
+    while fits(high) and high < 1 << 20:
         low, high = high, high * 2
     while high - low > 1:
         mid = (low + high) // 2
-        low, high = (mid, high) if predict_peak(dims, FoldPlan(mid, 1, chunk, pair_bits)) <= budget else (low, mid)
+        low, high = (mid, high) if fits(mid) else (low, mid)
     return low
 
 
-def _refusal(model: nn.Module, length: int, budget: int, bits: Optional[int], smallest: int) -> str:
-    need = predict_peak(dims_of(model), FoldPlan(length, 1, smallest, bits))
+def _refusal(model: nn.Module, length: int, budget: int, bits: Optional[int], smallest: int, resident: int) -> str:
+    need = predict_peak(dims_of(model), FoldPlan(length, 1, smallest, bits), resident)
     text = (f"{length} residues need ~{need / _GIB:.1f} GiB even at chunk size {smallest}"
             f"{'' if bits is None else f' with int{bits} pair activations'}, over the {budget / _GIB:.1f} GiB "
-            f"budget; up to {longest_fitting(model, budget, bits, smallest)} residues fit")
+            f"budget; up to {longest_fitting(model, budget, bits, smallest, resident)} residues fit")
     if bits is None:
-        text += f" (with --pair-bits 8: up to {longest_fitting(model, budget, 8, smallest)})"
+        text += f" (with --pair-bits 8: up to {longest_fitting(model, budget, 8, smallest, resident)})"
     return text + "; raise --max-memory or use a machine with more memory"

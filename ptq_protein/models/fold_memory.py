@@ -2,10 +2,13 @@
 
 ESMFold's memory is dominated by tensors of L x L entries: the pair state
 (``c_z`` channels), the per-head maps of the attentions and the heads' bins.
-The peak of one fold is the largest of its phases, over what is always there
-(the Python runtime, :data:`RUNTIME_BYTES`, and the weights). ``b`` is the bytes
-of an activation (4 in float32, 2 in bfloat16), ``k`` the triangle attention's
-chunk size (query rows a time; unchunked: ``k = L``, the cubic term)::
+The peak of one fold is the largest of its phases, over what is always there:
+the process before the fold, at least the Python runtime (:data:`RUNTIME_BYTES`,
+measured on one CPU install) and the weights, or what the process holds when that
+is more (``resident``: another torch build, other models, an earlier fold's
+leftovers). ``b`` is the bytes of an activation (4 in float32, 2 in bfloat16),
+``k`` the triangle attention's chunk size (query rows a time; unchunked: ``k = L``,
+the cubic term)::
 
     float pairs
     trunk  = N_PAIR B L^2 c_z b                pair-sized tensors of the trunk block and its recycling
@@ -21,6 +24,8 @@ chunk size (query rows a time; unchunked: ``k = L``, the cubic term)::
                                                the next state, the triangle projections a and b
            + N_CHUNK_ROWS B r L c_z b          float row chunks of one operation
            + N_TRI_ATT B H_pair L^2 min(k, L) b + B L^2 (H_pair b + BINS_INDEX_BYTES)
+                                               the triangle bias [B, H, L, L] and the recycling bins
+                                               (int64; their distances and comparisons by row chunks)
     struct = N_SM_INT8 B L^2 v(c_z) + B r L ipa_values b    the trunk's int8 state (read through
                                                trunk2sm_z) and one query-row chunk of its point attention
 
@@ -57,7 +62,8 @@ N_STEM_ATT = 4.0  # [H_stem, L+2, L+2] maps of one ESM-2 layer
 N_PAIR_INT8 = 4.0  # int8 pair tensors of an int8 triangle multiplication (state, next state, a, b)
 N_CHUNK_ROWS = 8.0  # float row chunks [r, L, c_z] alive in one int8 pair operation
 N_SM_INT8 = 1.0  # int8 pair tensors while the structure module runs (the trunk's state: its input is a view)
-BINS_INDEX_BYTES = 26  # per (i, j): int64 recycling bins + their float distances + 14 comparisons
+BINS_INDEX_BYTES = 8  # per (i, j): the int64 recycling bins (ptq_protein.nn.pair_int8.trunk.recycle_bins: their
+# distances and comparisons by row chunks; transformers' distogram holds ~140 bytes a pair)
 
 
 @dataclass(frozen=True)
@@ -102,8 +108,12 @@ def dims_of(model: nn.Module, dtype_bytes: Optional[int] = None) -> FoldDims:
                     ipa_values=sm.num_heads_ipa * (6 * sm.num_qk_points + 3 * sm.num_v_points + 2))
 
 
-def predict_peak(dims: FoldDims, plan: FoldPlan) -> int:
-    """Predicted peak resident bytes of a process folding ``plan`` with a model of ``dims`` (runtime included)."""
+def predict_peak(dims: FoldDims, plan: FoldPlan, resident: Optional[int] = None) -> int:
+    """Predicted peak resident bytes of a process folding ``plan`` with a model of ``dims`` (runtime included).
+
+    ``resident``: bytes the process holds before the fold (VmRSS); the base is the larger of it and
+    the runtime plus the weights, so a process heavier than the one measured is not under-predicted.
+    """
     n, b, batch = plan.length, dims.act_bytes, plan.batch
     area = batch * n * n  # B L^2
     rows = n if plan.chunk is None else min(plan.chunk, n)
@@ -118,7 +128,7 @@ def predict_peak(dims: FoldDims, plan: FoldPlan) -> int:
                   + area * (dims.pair_heads * b + BINS_INDEX_BYTES),
                   N_SM_INT8 * area * vector + chunk * dims.ipa_values]
     phases.append(N_STEM_ATT * batch * dims.stem_heads * (n + 2) ** 2 * b)
-    return int(RUNTIME_BYTES + dims.weight_bytes + max(phases))
+    return int(max(RUNTIME_BYTES + dims.weight_bytes, resident or 0) + max(phases))
 
 
 def pair_int8_vector_bytes(c_z: int) -> int:
@@ -128,13 +138,13 @@ def pair_int8_vector_bytes(c_z: int) -> int:
 
 
 def choose_plan(dims: FoldDims, length: int, budget: int, *, batch: int = 1, pair_bits: Optional[int] = None,
-                chunks: Sequence[Optional[int]] = CHUNK_CHOICES) -> Optional[FoldPlan]:
+                chunks: Sequence[Optional[int]] = CHUNK_CHOICES, resident: Optional[int] = None) -> Optional[FoldPlan]:
     """The fastest plan (the largest chunk, unchunked first) whose predicted peak is within ``budget`` bytes.
 
-    None when no plan fits.
+    None when no plan fits. ``resident``: as :func:`predict_peak`'s.
     """
     for chunk in chunks:
         plan = FoldPlan(length, batch, chunk, pair_bits)
-        if predict_peak(dims, plan) <= budget:
+        if predict_peak(dims, plan, resident) <= budget:
             return plan
     return None

@@ -7,10 +7,12 @@ import torch
 
 from ptq_protein.cli.common import parse_memory_size
 from ptq_protein.cli.main import main
+from ptq_protein.eval.bench import fold_budget
 from ptq_protein.eval.bench.fold_budget import FoldRefused, longest_fitting, planned_fold
 from ptq_protein.models.fold_memory import (
     CHUNK_CHOICES,
     PAIR_INT8_ROWS,
+    RUNTIME_BYTES,
     FoldDims,
     FoldPlan,
     choose_plan,
@@ -65,7 +67,31 @@ def test_dims_are_read_from_the_model(esmfold):
         b.numel() * b.element_size() for b in esmfold.buffers())
 
 
-def test_planned_fold_sets_the_chunk_for_one_fold_and_says_so(esmfold, caplog):
+def test_the_base_is_what_the_process_holds_when_that_is_more():
+    # The runtime constant was measured on one install; a process holding more (a CUDA build of torch, other
+    # models) starts its fold from there: the fold's own bytes are added to the larger of the two.
+    plan = FoldPlan(800, chunk=4, pair_bits=8)
+    own = predict_peak(REAL, plan) - RUNTIME_BYTES - REAL.weight_bytes
+    assert predict_peak(REAL, plan, resident=1 << 20) == predict_peak(REAL, plan)
+    assert predict_peak(REAL, plan, resident=3 << 30) == (3 << 30) + own
+    assert choose_plan(REAL, 800, predict_peak(REAL, plan), pair_bits=8, resident=3 << 30) is None
+
+
+def test_planned_fold_counts_what_the_process_holds(esmfold, monkeypatch):
+    dims = dims_of(esmfold)
+    plan = FoldPlan(600, chunk=32)
+    budget = predict_peak(dims, plan)
+    monkeypatch.setattr(fold_budget, "resident_before_fold", lambda: 0)
+    with planned_fold(esmfold, 600, budget) as chosen:
+        assert chosen.chunk == 32
+    monkeypatch.setattr(fold_budget, "resident_before_fold", lambda: budget)  # nothing left for the fold's own
+    with pytest.raises(FoldRefused, match="600 residues need"):
+        with planned_fold(esmfold, 600, budget):
+            pass
+
+
+def test_planned_fold_sets_the_chunk_for_one_fold_and_says_so(esmfold, caplog, monkeypatch):
+    monkeypatch.setattr(fold_budget, "resident_before_fold", lambda: 0)  # the test process's own size aside
     dims = dims_of(esmfold)
     budget = (predict_peak(dims, FoldPlan(600, chunk=32)) + predict_peak(dims, FoldPlan(600, chunk=64))) // 2
     with caplog.at_level(logging.WARNING):
@@ -79,7 +105,8 @@ def test_planned_fold_sets_the_chunk_for_one_fold_and_says_so(esmfold, caplog):
     assert longest_fitting(esmfold, budget, None, CHUNK_CHOICES[-1]) >= 600
 
 
-def test_fold_refuses_what_cannot_fit_in_one_line_and_folds_the_rest(esmfold, tmp_path, capsys):
+def test_fold_refuses_what_cannot_fit_in_one_line_and_folds_the_rest(esmfold, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(fold_budget, "resident_before_fold", lambda: 0)  # the test process's own size aside
     fasta = tmp_path / "in.fasta"
     fasta.write_text(">short\nMKTAYIAKQRQISFVKSHFSRQ\n>long\n" + "ACDEFGHIKLMNPQRSTVWY" * 30 + "\n")
     budget = predict_peak(dims_of(esmfold), FoldPlan(200, chunk=CHUNK_CHOICES[-1]))  # 22 residues fit, 600 do not

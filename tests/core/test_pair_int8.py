@@ -89,6 +89,54 @@ def test_chunked_trunk_equals_transformers_when_every_vector_is_kept_exact(esmfo
         torch.testing.assert_close(out[key], ref[key], rtol=1e-9, atol=1e-9, msg=key)
 
 
+@pytest.mark.parametrize("batch, length, rows", [(1, 50, 7), (2, 37, 64), (1, 20, 1)])
+def test_recycle_bins_equal_transformers_distogram(batch, length, rows):
+    from transformers.models.esm.modeling_esmfold import EsmFoldingTrunk
+
+    from ptq_protein.nn.pair_int8.trunk import recycle_bins
+
+    coords = torch.randn(batch, length, 3, 3, generator=torch.Generator().manual_seed(length)) * 8
+    got = recycle_bins(coords, 15, rows)
+    want = EsmFoldingTrunk.distogram(coords, 3.375, 21.375, 15)
+    assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_recycle_bins_hold_only_their_int64_result_at_full_size():
+    # transformers' distogram holds [L, L, 3] differences and sums [L, L, 14] comparisons cast to int64 (~140 bytes
+    # a pair); by row chunks, the allocations alive at once are the L x L int64 result and one chunk's temporaries.
+    from torch.profiler import ProfilerActivity, profile
+
+    from ptq_protein.nn.pair_int8.trunk import recycle_bins
+
+    n, rows = 512, 16
+    coords = torch.randn(1, n, 3, 3) * 8
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        recycle_bins(coords, 15, rows)
+    live = peak = 0
+    for _, nbytes in sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                            if e.name() == "[memory]"):
+        live += nbytes
+        peak = max(peak, live)
+    assert peak <= 8 * n * n + 256 * rows * n  # 2.1 MB + 2.1 MB; transformers' own: ~36 MB
+
+
+@pytest.mark.parametrize("recycles", [0, 2])
+def test_only_a_pass_that_is_read_bins_its_coordinates(esmfold, monkeypatch, recycles):
+    from transformers.models.esm.modeling_esmfold import EsmFoldingTrunk
+
+    import ptq_protein.nn.pair_int8.trunk as trunk_module
+
+    calls = []
+    binned = trunk_module.recycle_bins
+    monkeypatch.setattr(trunk_module, "recycle_bins", lambda *a: calls.append(1) or binned(*a))
+    monkeypatch.setattr(EsmFoldingTrunk, "distogram", None)  # the full-size version is never called
+    model = use_pair_int8(copy.deepcopy(esmfold), 8)
+    adapter = HFEsmFoldAdapter(model)
+    with torch.no_grad():
+        adapter.forward(model, adapter.make_batch([LONG[:20]]), num_recycles=recycles)
+    assert len(calls) == recycles  # passes - 1: the last pass's bins would be read by no one
+
+
 def test_int8_fold_matches_the_float_fold(esmfold):
     from ptq_protein.eval.bench.folding import fold_one
     from ptq_protein.eval.structure import as_structure

@@ -13,7 +13,9 @@ step for step, with three differences, all about the L x L tensors:
   points tensors are larger than the pair);
 * of the pair heads only pTM is computed (by row chunks, its maximum over rows is
   exact); the distogram logits, the predicted aligned error and ``s_z`` (each a
-  float L x L tensor) are not returned.
+  float L x L tensor) are not returned;
+* the recycling bins (the distogram of the predicted CB atoms) are computed by query
+  rows, and only when another pass reads them (:func:`recycle_bins`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ptq_protein.nn.pair_int8.block import block_forward, spans
 from ptq_protein.nn.pair_int8.holder import Int8Pair
 from ptq_protein.nn.pair_int8.ipa import RowChunkedIPA
 
-__all__ = ["forward_pair_int8", "PairRows", "RowWise", "pair_rows_in", "ROWS"]
+__all__ = ["forward_pair_int8", "PairRows", "RowWise", "pair_rows_in", "recycle_bins", "ROWS"]
 
 ROWS = 64  # rows per chunk of the int8 pair operations (and of the triangle attentions when the trunk is unchunked)
 _STRUCTURE_KEYS = ("s_s", "frames", "sidechain_frames", "unnormalized_angles", "angles", "positions", "states")
@@ -148,11 +150,11 @@ def _trunk(trunk: nn.Module, s_s_0: torch.Tensor, aa: torch.Tensor, residx: torc
         no_recycles += 1  # as transformers: the first pass is not a recycle
     recycle_s = torch.zeros_like(s_s_0)
     recycle_z: Optional[Int8Pair] = None
-    recycle_bins = torch.zeros(*s_s_0.shape[:2], s_s_0.shape[1], device=s_s_0.device, dtype=torch.int64)
-    for _ in range(no_recycles):
+    bins: Optional[torch.Tensor] = None  # None: all zero (the first pass), never allocated
+    for step in range(no_recycles):
         recycle_s = trunk.recycle_s_norm(recycle_s.detach())
-        z = _initial_pair(trunk, recycle_z, recycle_bins, residx, mask, rows, s_s_0.dtype)
-        recycle_z = None  # read: let it go before the blocks make theirs
+        z = _initial_pair(trunk, recycle_z, bins, residx, mask, rows, s_s_0.dtype)
+        recycle_z = bins = None  # read: let them go before the blocks make theirs
         s = s_s_0 + recycle_s
         for block in trunk.blocks:
             s, z = block_forward(block, s, z, mask, rows, att_rows)
@@ -161,14 +163,15 @@ def _trunk(trunk: nn.Module, s_s_0: torch.Tensor, aa: torch.Tensor, residx: torc
                                                 "pair": PairRows(z, rows, trunk.trunk2sm_z)},
                                                aa, mask.float())
         recycle_s, recycle_z = s, z
-        recycle_bins = type(trunk).distogram(structure["positions"][-1][:, :, :3], 3.375, 21.375, trunk.recycle_bins)
+        if step + 1 < no_recycles:  # transformers also bins the last pass's coordinates, which nothing reads
+            bins = recycle_bins(structure["positions"][-1][:, :, :3], trunk.recycle_bins, rows)
     structure["s_s"] = s
     return structure, z
 
 
-def _initial_pair(trunk: nn.Module, recycle_z: Optional[Int8Pair], bins: torch.Tensor, residx: torch.Tensor,
-                  mask: torch.Tensor, rows: int, dtype: torch.dtype) -> Int8Pair:
-    """recycle_z_norm(recycled pair) + recycle_disto(bins) + relative position embedding, by rows."""
+def _initial_pair(trunk: nn.Module, recycle_z: Optional[Int8Pair], bins: Optional[torch.Tensor],
+                  residx: torch.Tensor, mask: torch.Tensor, rows: int, dtype: torch.dtype) -> Int8Pair:
+    """recycle_z_norm(recycled pair) + recycle_disto(bins) + relative position embedding, by rows (None: zeros)."""
     batch, length = residx.shape
     c_z = trunk.config.pairwise_state_dim
     out = Int8Pair(batch, length, c_z, dtype, residx.device)
@@ -176,9 +179,30 @@ def _initial_pair(trunk: nn.Module, recycle_z: Optional[Int8Pair], bins: torch.T
     for span in spans(length, rows):
         previous = (torch.zeros(batch, span.stop - span.start, length, c_z, dtype=dtype, device=residx.device)
                     if recycle_z is None else recycle_z.read(rows=span))
-        z = trunk.recycle_z_norm(previous) + trunk.recycle_disto(bins[:, span])
+        index = (torch.zeros(batch, span.stop - span.start, length, dtype=torch.int64, device=residx.device)
+                 if bins is None else bins[:, span])
+        z = trunk.recycle_z_norm(previous) + trunk.recycle_disto(index)
         # EsmFoldRelativePosition.forward, rows `span` of its [B, L, L] index
         diff = (residx[:, None, :] - residx[:, span, None]).clamp(-position.bins, position.bins) + position.bins + 1
         diff[(mask[:, None, :] * mask[:, span, None]) == False] = 0  # noqa: E712 (transformers' test)
         out.write(z + position.embedding(diff), rows=span)
+    return out
+
+
+def recycle_bins(coords: torch.Tensor, num_bins: int, rows: int) -> torch.Tensor:
+    """transformers' ``EsmFoldingTrunk.distogram(coords, 3.375, 21.375, num_bins)`` by query rows: int64 [B, L, L].
+
+    ``coords``: [B, L, 3, 3] (N, CA, C). The same arithmetic a row block at a time, so the
+    bins are equal; transformers' own holds the [B, L, L, 3] CB differences and sums its
+    [B, L, L, num_bins - 1] comparisons as int64 (about 140 bytes a pair: 0.08 GiB at
+    L = 800, three times the int8 pair state), here only the int64 result is L x L.
+    """
+    boundaries = torch.linspace(3.375, 21.375, num_bins - 1, device=coords.device) ** 2
+    n, ca, c = [x.squeeze(-2) for x in coords.chunk(3, dim=-2)]
+    b, c = ca - n, c - ca
+    cb = -0.58273431 * b.cross(c, dim=-1) + 0.56802827 * b - 0.54067466 * c + ca  # [B, L, 3]
+    out = torch.empty(coords.shape[:-2] + coords.shape[-3:-2], dtype=torch.int64, device=coords.device)
+    for span in spans(coords.shape[-3], rows):
+        dists = (cb[..., None, :, :] - cb[..., span, None, :]).pow(2).sum(dim=-1, keepdims=True)
+        out[..., span, :] = torch.sum(dists > boundaries, dim=-1)
     return out
