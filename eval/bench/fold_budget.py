@@ -8,12 +8,18 @@ the model's own (unchunked first when it runs unchunked) down to the smallest;
 the first whose predicted peak fits is used for this sequence only. The
 prediction starts from what the process holds before the fold (freed heap pages
 returned first) when that is more than the model's runtime and weights.
+
+After each fold its own peak is read (``VmHWM``, restarted before the fold). A fold
+that peaked more than :data:`TOLERANCE` over its prediction is reported in one line,
+and every later fold of that model in this process is planned with the measured
+ratio as a margin, so the same miss cannot repeat in a run of many sequences.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
 from typing import Iterator, Optional
 
 from torch import nn
@@ -21,13 +27,21 @@ from torch import nn
 from ptq_protein.errors import InputError
 from ptq_protein.models.fold_memory import CHUNK_CHOICES, FoldPlan, choose_plan, dims_of, predict_peak
 from ptq_protein.process_memory import release_freed_memory
-from ptq_protein.workflows.memory_budget import DEFAULT_SHARE, process_budget, resident_bytes  # noqa: F401
+from ptq_protein.workflows.memory_budget import (  # noqa: F401 (DEFAULT_SHARE re-exported)
+    DEFAULT_SHARE,
+    peak_resident_bytes,
+    process_budget,
+    reset_peak_resident,
+    resident_bytes,
+)
 
 __all__ = ["FoldRefused", "planned_fold", "fold_budget", "longest_fitting", "resident_before_fold"]
 
 log = logging.getLogger(__name__)
 
 _GIB = 2 ** 30
+TOLERANCE = 1.15  # the memory model's stated accuracy: a fold's peak over its prediction by more is reported
+_MARGINS: "weakref.WeakKeyDictionary[nn.Module, float]" = weakref.WeakKeyDictionary()  # measured peak / predicted
 
 
 class FoldRefused(InputError):
@@ -55,18 +69,38 @@ def planned_fold(model: nn.Module, length: int, max_memory: Optional[int] = None
     dims, bits = dims_of(model), getattr(model, "pair_bits", None)
     chunks = CHUNK_CHOICES if own is None else [c for c in CHUNK_CHOICES if c is not None and c <= own]
     resident = resident_before_fold()
-    plan = choose_plan(dims, length, budget, pair_bits=bits, chunks=chunks, resident=resident)
+    margin = _MARGINS.get(model, 1.0)
+    room = int(budget / margin)  # an earlier fold of this model peaked above its prediction: keep that margin
+    plan = choose_plan(dims, length, room, pair_bits=bits, chunks=chunks, resident=resident)
     if plan is None:
-        raise FoldRefused(_refusal(model, length, budget, bits, min(c for c in chunks if c is not None), resident))
+        raise FoldRefused(_refusal(model, length, room, bits, min(c for c in chunks if c is not None), resident))
+    predicted = predict_peak(dims, plan, resident)
     if plan.chunk != own:
         log.warning("%d residues: predicted peak %.1f GiB within the %.1f GiB budget with %s (the model's: %s)",
-                    length, predict_peak(dims, plan, resident) / _GIB, budget / _GIB, plan.describe(),
+                    length, predicted * margin / _GIB, budget / _GIB, plan.describe(),
                     "unchunked" if own is None else own)
+    measured = reset_peak_resident()
     trunk.set_chunk_size(plan.chunk)
     try:
         yield plan
     finally:
         trunk.set_chunk_size(own)
+    if measured:
+        _check_peak(model, length, predicted, budget)
+
+
+def _check_peak(model: nn.Module, length: int, predicted: int, budget: int) -> None:
+    """Compare the fold's measured peak with its prediction; keep the ratio as this model's margin when above 1."""
+    peak = peak_resident_bytes()
+    if not peak or not predicted:
+        return
+    ratio = peak / predicted
+    if ratio > _MARGINS.get(model, 1.0):
+        _MARGINS[model] = ratio
+    if ratio > TOLERANCE:
+        log.warning("%d residues: this fold peaked at %.2f GiB, %.0f%% over its predicted %.2f GiB (budget %.2f "
+                    "GiB); later folds in this run are planned with that margin", length, peak / _GIB,
+                    100 * (ratio - 1), predicted / _GIB, budget / _GIB)
 
 
 def resident_before_fold() -> int:

@@ -137,3 +137,33 @@ def test_memory_sizes(text, expected):
 def test_bad_memory_sizes_are_refused(text):
     with pytest.raises(ValueError, match="--max-memory"):
         parse_memory_size(text)
+
+
+def test_a_fold_over_its_prediction_is_reported_and_later_folds_keep_the_margin(esmfold, caplog, monkeypatch):
+    """The check after each fold: its own measured peak against the prediction; a miss is not repeated."""
+    monkeypatch.setattr(fold_budget, "resident_before_fold", lambda: 0)
+    monkeypatch.setattr(fold_budget, "reset_peak_resident", lambda: True)
+    dims = dims_of(esmfold)
+    budget = predict_peak(dims, FoldPlan(600, chunk=64))  # chunk 64 just fits
+    monkeypatch.setattr(fold_budget, "peak_resident_bytes", lambda: int(1.2 * budget))  # the fold overran by 20%
+    with caplog.at_level(logging.WARNING):
+        with planned_fold(esmfold, 600, budget) as first:
+            assert first.chunk == 64
+    assert "20% over its predicted" in caplog.text
+    with planned_fold(esmfold, 600, budget) as second:  # planned within budget / 1.2
+        assert second.chunk < 64
+        assert predict_peak(dims, second) * 1.2 <= budget
+    other = type(esmfold)(esmfold.config)  # another model has no margin of its own
+    with planned_fold(other, 600, budget) as plan:
+        assert plan.chunk == 64
+
+
+def test_peak_resident_restarts_from_now():
+    from ptq_protein.workflows.memory_budget import peak_resident_bytes, reset_peak_resident
+
+    big = torch.ones(64 << 20)  # 256 MiB touched
+    before = peak_resident_bytes()
+    del big
+    if not reset_peak_resident() or before is None:
+        pytest.skip("no /proc/self/clear_refs here")
+    assert peak_resident_bytes() < before - (128 << 20)
