@@ -15,6 +15,12 @@ equal ``decode(encode(x))`` exactly; ``tests/core/test_fused.py`` checks it on
 every region boundary, NaN and +-Inf. (Inductor may return +0.0 where eager
 returns -0.0; they compare equal.)
 
+Two guards keep a wrong kernel from giving silently wrong values: the vector
+width inductor picks is named in the compile options (so a cache written on an
+AVX-512 CPU is not read where AVX2 is picked), and in each process the first
+compiled call of each function on a CPU tensor is compared with the eager
+function on the start of that input; any difference falls back to eager for good.
+
 Policy, from ``PTQ_PROTEIN_FUSED`` or :func:`configure`:
 
 * ``auto`` (default): compile CPU tensors of at least ``min_numel`` values
@@ -77,6 +83,7 @@ def settings_from_env() -> FusedSettings:
 _settings: Optional[FusedSettings] = None
 _compiled: Dict[Callable, Callable] = {}
 _broken: Optional[str] = None  # why compilation failed here, once it has
+_checked: set = set()  # functions whose compiled loop matched eager on a real input in this process
 
 
 def settings() -> FusedSettings:
@@ -121,7 +128,27 @@ def _compile_options() -> dict:
     options = {"eager_numerics.division_rounding": True} if hasattr(numerics, "division_rounding") else {}
     if hasattr(config, "compile_threads") and not os.environ.get("TORCHINDUCTOR_COMPILE_THREADS"):
         options["compile_threads"] = 1
+    width = _vector_width()
+    if width and getattr(getattr(config, "cpp", None), "simdlen", 0) is None:
+        options["cpp.simdlen"] = width  # the width inductor would pick anyway, now part of its cache key
     return options
+
+
+def _vector_width() -> Optional[int]:
+    """Bits of the vector ISA inductor picks for CPU code here (AVX2 256, AVX-512 512), None when unknown.
+
+    Inductor's on-disk cache did not tell kernels built for one ISA from another: a cache written with
+    AVX-512 code and read where AVX2 is picked (``ATEN_CPU_CAPABILITY=avx2``, or a cache folder shared by
+    nodes of different CPUs) returned wrong values with no error (fake quantization off by 1e37), and the
+    reverse crashed. Naming the width in the options puts it in the cache key.
+    """
+    try:
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+        isa = pick_vec_isa()
+        return int(isa.bit_width()) if isa else None
+    except Exception:  # a torch without this module, or no compiler to probe: inductor decides alone
+        return None
 
 
 def _compiled_version(fn: Callable) -> Callable:
@@ -147,12 +174,37 @@ def fused_call(fn: Callable[..., torch.Tensor], x: torch.Tensor, *params, channe
         flat = (x.reshape(-1, x.shape[-1] if x.dim() else 1) if channels else x.reshape(-1)).contiguous().detach()
         try:
             with torch.no_grad():
-                return _compiled_version(fn)(flat, *params).reshape(x.shape)
-        except Exception as err:  # compilation unavailable here: remember, fall back for good
+                compiled = _compiled_version(fn)
+                if fn not in _checked and flat.device.type == "cpu":  # equality is promised on CPU only
+                    _check_against_eager(fn, compiled, flat, params)
+                return compiled(flat, *params).reshape(x.shape)
+        except Exception as err:  # compilation unavailable or wrong here: remember, fall back for good
             _broken = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
             log.warning("fused fake quantization is unavailable (%s); running the eager path (set %s=off to "
                         "silence this)", _broken, ENV_VAR)
     return (eager or fn)(x, *params)
+
+
+class CompiledMismatch(RuntimeError):
+    """The compiled loop's values differ from the eager function's on a real input (a miscompiled or stale kernel)."""
+
+
+_CHECK_VALUES = (1 << 16) + 7  # several vector widths and a tail: the compiled loop's every code path
+
+
+def _check_against_eager(fn: Callable, compiled: Callable, flat: torch.Tensor, params: tuple) -> None:
+    """Compare the compiled loop with ``fn`` run eagerly on the start of the first real input, once per function.
+
+    Values must be equal (NaN where NaN; +0.0 and -0.0 count as equal). A kernel from a stale or mismatched
+    inductor cache gave wrong values with no error (:func:`_vector_width`); any such case falls back to eager.
+    """
+    rows = max(1, _CHECK_VALUES // max(1, flat.shape[-1])) if flat.dim() == 2 else _CHECK_VALUES
+    probe = flat[:rows]
+    got, want = compiled(probe, *params), fn(probe, *params)
+    same = got.shape == want.shape and bool(((got == want) | (got.isnan() & want.isnan())).all())
+    if not same:
+        raise CompiledMismatch(f"the compiled {fn.__name__} differs from its eager values on this input")
+    _checked.add(fn)
 
 
 def padded_regions(thresholds: torch.Tensor, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

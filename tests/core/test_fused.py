@@ -249,3 +249,59 @@ def test_compiled_region_operands_match_eager(fused_mode, bounds):
     assert operand.dtype == mask.dtype == torch.int8
     assert torch.equal(operand.long(), torch.where(inside, codes.long() - shift, 0))
     assert torch.equal(mask.long(), inside.long())
+
+
+def test_a_compiled_loop_that_differs_from_eager_is_caught_and_dropped(fused_mode, monkeypatch, caplog):
+    """A wrong compiled kernel (a stale inductor cache gave 1e37 where eager gave 3.7) falls back to eager, said."""
+    fused_mode("on")
+    monkeypatch.setattr(fused, "_broken", None)
+    monkeypatch.setattr(fused, "_checked", set())
+    wrong = {fused.uniform_fake: lambda x, s, z, lo, hi: fused.uniform_fake(x, s, z, lo, hi) + 1}
+    monkeypatch.setattr(fused, "_compiled", wrong)
+    x = torch.randn(1000, 64)
+    scale, zero = torch.tensor(0.02), torch.tensor(-3, dtype=torch.int32)
+    with caplog.at_level(logging.WARNING):
+        got = fused.fused_call(fused.uniform_fake, x, scale, zero, -128, 127)
+    assert torch.equal(got, fused.uniform_fake(x, scale, zero, -128, 127))
+    assert "differs from its eager values" in fused._broken and "eager path" in caplog.text
+
+
+def test_the_vector_width_is_part_of_the_compile_options():
+    """Inductor's cache told AVX2 kernels from AVX-512 ones only through an explicit ``cpp.simdlen``."""
+    width = fused._vector_width()
+    if width is None:
+        pytest.skip("inductor picks no vector ISA here")
+    assert fused._compile_options()["cpp.simdlen"] == width
+
+
+_CACHE_PROBE = """
+import sys, torch
+from ptq_protein.nn import fused
+fused.configure("on", 0)
+x = torch.randn(300, 1920, generator=torch.Generator().manual_seed(0)).abs() * 3 - 0.17
+scale, zero = torch.tensor(0.0151), torch.tensor(-117, dtype=torch.int32)
+got = fused.fused_call(fused.uniform_fake, x, scale, zero, -128, 127)
+print(bool(torch.equal(got, fused.uniform_fake(x, scale, zero, -128, 127))), fused._broken)
+"""
+
+
+@pytest.mark.slow
+def test_an_inductor_cache_shared_with_another_vector_isa_gives_the_same_values(tmp_path):
+    """AVX-512 kernels cached, then read where AVX2 is picked: wrong values before the width was in the key."""
+    import subprocess
+    import sys
+
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    isa = pick_vec_isa()
+    if not isa or isa.bit_width() < 512:
+        pytest.skip("needs an AVX-512 CPU to write kernels an AVX2 run must not reuse")
+    import os
+
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    for capability in (None, "avx2"):
+        run_env = dict(env, ATEN_CPU_CAPABILITY=capability) if capability else env
+        out = subprocess.run([sys.executable, "-c", _CACHE_PROBE], env=run_env, capture_output=True, text=True,
+                             timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.split() == ["True", "None"], (capability, out.stdout, out.stderr[-1000:])
