@@ -72,8 +72,8 @@ def read_tensors(file: Path) -> Dict[str, torch.Tensor]:
     tensors: Dict[str, torch.Tensor] = {}
     with open(file, "rb") as handle:
         header, base = _header(handle, file)
-        for name, entry in sorted(header.items(), key=lambda item: item[1].get("data_offsets", [0])[0]):
-            tensor, start, stop = _empty(name, entry, file)
+        planned = [(name, *_empty(name, entry, file)) for name, entry in header.items()]  # every entry checked
+        for name, tensor, start, _ in sorted(planned, key=lambda item: item[2]):  # then read in file order
             handle.seek(base + start)
             _read_into(handle, memoryview(tensor.reshape(-1).view(torch.uint8).numpy()), name, file)
             tensors[name] = tensor
