@@ -31,11 +31,13 @@ from ptq_protein.passes.sequences import (
 )
 from ptq_protein.passes.state import CalibrationInfo, CalibrationPass, QuantState
 from ptq_protein.presets import resolve_config
+from ptq_protein.process_memory import loading
 
 __all__ = ["quantize", "QuantState", "CalibrationInfo", "CalibrationPass", "resolve_calibration", "static_sites",
            "calibration_sequences", "calibration_records", "crop_sequence", "fit_activation_quantizers"]
 
 
+@loading()  # the float weights it replaces are freed: returned, and the heap trimmed after
 def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwlq",
              calibration: CalibrationArg = None, *, batch_size: Optional[int] = None, backend: Optional[str] = None,
              inplace: bool = False, progress: bool = False, num_recycles: Optional[int] = None,

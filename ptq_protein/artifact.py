@@ -61,10 +61,11 @@ from ptq_protein.kernels.packing import pack_int4, unpack_int4
 from ptq_protein.model_card import CARD, model_card
 from ptq_protein.models.architecture import build_architecture, describe_architecture
 from ptq_protein.models.float_dtypes import apply_float_dtypes, float_dtypes, main_dtype
+from ptq_protein.nn.backend_choice import announce, choose_backend
 from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.nn.pair_int8 import use_pair_int8
 from ptq_protein.nn.special_tokens import apply_special_tokens_
-from ptq_protein.process_memory import release_freed_memory
+from ptq_protein.process_memory import loading
 from ptq_protein.quant.codebook import PiecewiseCodebook
 from ptq_protein.report import report_markdown
 from ptq_protein.site_plan import MixedPlan
@@ -301,9 +302,14 @@ def _linear_shell(name: str, entry: Dict[str, Any], tensors: Dict[str, torch.Ten
                        bias=get(f"{name}.bias"), input_quant=quant, backend=backend, weight_codebook=codebook)
 
 
+@loading()  # its freed temporaries go back to the system; the heap is trimmed after
 def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = None,
          engine: str = "auto") -> nn.Module:
-    """Rebuild a quantized model from an artifact folder; outputs equal the saved model's bit for bit.
+    """Rebuild a quantized model from an artifact folder.
+
+    `backend` None (default) runs the fastest path whose integer results are exact here: oneDNN's integer
+    GEMMs on CPUs where they are exact, else the recorded backend (`ptq_protein.nn.backend_choice`; one log
+    line says which and why). `backend="fake"` gives outputs equal to a fake-backend saved model's bit for bit.
 
     `engine` picks the integer GEMM of `backend="int8"` sites (`"auto"`: the
     oneDNN fast path on CPU where it runs, else the exact reference; see
@@ -321,7 +327,11 @@ def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = N
     tensors = read_tensors(path / TENSORS)  # owned, read once: the model adopts them below (no second copy)
     check_tensors(recipe, tensors, path / RECIPE, path / TENSORS)
     config = QuantConfig.from_dict(recipe["config"])
-    if backend is not None:
+    if backend is None:  # the fastest path whose integers are exact here (nn.backend_choice), said once
+        chosen, why = choose_backend(config.backend, torch.device(device))
+        announce(why)
+        config = config.replace(backend=chosen)
+    else:
         config = config.replace(backend=Backend(backend))
     model = build_architecture(recipe["architecture"], initialise=False)  # every tensor is loaded below
     from ptq_protein.models.adapters import get_adapter
@@ -362,8 +372,7 @@ def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = N
                                  recipe.get("fp_sites", []),
                                  plan=plan)
     model.ptq_recipe = recipe
-    del tensors
-    release_freed_memory()  # the skeleton's float weights, replaced above, were freed
+    del tensors  # the skeleton's float weights, replaced above, were freed: loading() trims them
     return set_engine(model.eval().to(device), engine)
 
 

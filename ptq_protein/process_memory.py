@@ -1,26 +1,42 @@
-"""Give freed memory back to the system (glibc), so a long run's resident size is what it holds, not its past.
+"""How this process's heap (glibc) treats freed memory: returned while loading, kept for reuse while computing.
 
-glibc serves a large block by ``mmap`` and returns it on ``free``, but after such a free it raises its
-threshold (up to 32 MiB): later blocks of that size come from the heap, which keeps their pages after
-``free``. Loading a quantized model frees many weight-sized temporaries (the float weights it replaces,
-the codes it prepacks), so a loaded ESM-2 650M int8 artifact sat at 2.8 GiB resident after one forward
-while it held 0.9 GiB; with the threshold fixed, 1.0 GiB (docs/benchmarks-history.md, 2026-12-04). Both calls are
-no-ops off glibc (macOS, Windows, musl).
+Two phases want opposite things:
+
+* **Loading** frees weight-sized temporaries (the float weights a quantized model replaces, the plain codes it
+  prepacks). glibc serves a large block by ``mmap`` and returns it on ``free``, but after such a free it raises
+  its threshold (up to 32 MiB), so later blocks of that size come from the heap and keep their pages: a loaded
+  ESM-2 650M int8 artifact sat at 2.8 GiB resident after one forward while it held 0.9 GiB. With the threshold
+  fixed at 128 KiB while loading, and the heap trimmed after it, 1.0 GiB.
+* **Computing** allocates and frees the same activation-sized blocks in every layer of every batch. Served by
+  ``mmap``, each one is a fresh mapping the kernel zero-fills page by page and unmaps on ``free``: with the
+  threshold fixed at 128 KiB, an int8 ``embed`` of 120 sequences took 9.4 million page faults and 40% of its
+  wall time in the kernel. Kept in the heap, the blocks of one batch serve the next.
+
+So a process that runs models (the CLI, :func:`manage_heap`) fixes the threshold while loading
+(:func:`loading`), then trims the heap and keeps freed blocks of any size up to :data:`KEEP_BELOW` for reuse.
+The resident size then follows the largest batch's working set, which the batch plan keeps within the memory
+budget (``fold``'s and ``embed``'s checks). A process that did not opt in keeps glibc's own policy; loading
+still trims the heap afterwards. Measurements: docs/benchmarks-history.md. Every call is a no-op off glibc
+(macOS, Windows, musl), and a user's own ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` wins.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
 import os
-from typing import Optional
+from typing import Iterator, Optional
 
-__all__ = ["return_large_blocks", "release_freed_memory"]
+__all__ = ["manage_heap", "loading", "release_freed_memory", "return_large_blocks", "KEEP_BELOW"]
 
-_M_MMAP_THRESHOLD = -3  # mallopt parameter (malloc.h)
-_THRESHOLD = 128 * 1024  # glibc's initial threshold, kept fixed
-_ENV = "MALLOC_MMAP_THRESHOLD_"  # a user's own setting wins
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
+_RETURN_ABOVE = 128 * 1024  # glibc's initial mmap threshold, kept fixed while loading
+KEEP_BELOW = 1 << 30  # while computing: blocks below 1 GiB come from the heap, and its free top is kept
+_USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+_managed = False  # set by manage_heap(): this process asked for the two-phase policy
+_depth = 0  # nested loading() blocks (a quantize that loads a model): the outermost one ends the phase
 
 
 @functools.lru_cache(maxsize=None)
@@ -33,16 +49,50 @@ def _glibc() -> Optional[ctypes.CDLL]:
     return libc if libc is not None and hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
 
 
-def return_large_blocks() -> bool:
-    """Keep glibc's mmap threshold at 128 KiB for this process (freed large blocks go back at once).
+def _tunable() -> Optional[ctypes.CDLL]:
+    """glibc, unless the user set its malloc thresholds themselves (their setting wins)."""
+    return None if any(os.environ.get(v) for v in _USER_SETTINGS) else _glibc()
 
-    For processes this package runs (the CLI); a library call leaves the caller's allocator alone and uses
-    :func:`release_freed_memory` instead. True when set.
+
+def manage_heap() -> bool:
+    """Opt this process into the two-phase policy (for processes this package runs: the CLI); True when set.
+
+    Until the first :func:`loading` ends, freed large blocks go back at once (as while loading).
     """
-    libc = _glibc()
-    if libc is None or os.environ.get(_ENV):
-        return False
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, _THRESHOLD))
+    global _managed
+    _managed = return_large_blocks()
+    return _managed
+
+
+def return_large_blocks() -> bool:
+    """Fix glibc's mmap threshold at 128 KiB: freed blocks above it go back to the system at once."""
+    libc = _tunable()
+    return libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, _RETURN_ABOVE))
+
+
+def _keep_freed_blocks() -> bool:
+    """Serve blocks below :data:`KEEP_BELOW` from the heap and keep its free top: reused, not re-faulted."""
+    libc = _tunable()
+    return libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, KEEP_BELOW)) and bool(
+        libc.mallopt(_M_TRIM_THRESHOLD, KEEP_BELOW))
+
+
+@contextlib.contextmanager
+def loading() -> Iterator[None]:
+    """Around building or loading a model: its freed temporaries go back to the system, the heap is trimmed
+    after, and (in a managed process) freed blocks are kept for the forwards that follow."""
+    global _depth
+    if _managed and _depth == 0:
+        return_large_blocks()
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth -= 1
+        if _depth == 0:
+            release_freed_memory()
+            if _managed:
+                _keep_freed_blocks()
 
 
 def release_freed_memory() -> bool:

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-SIZES = {"esm2_150M": ("esm2_t30_150M_UR50D", 30, 640, 20), "esm2_650M": ("esm2_t33_650M_UR50D", 33, 1280, 20),
+SIZES = {"esm2_8M": ("esm2_t6_8M_UR50D", 6, 320, 20), "esm2_35M": ("esm2_t12_35M_UR50D", 12, 480, 20),
+         "esm2_150M": ("esm2_t30_150M_UR50D", 30, 640, 20), "esm2_650M": ("esm2_t33_650M_UR50D", 33, 1280, 20),
          "esm2_3B": ("esm2_t36_3B_UR50D", 36, 2560, 40)}
 TRUNK_FILE = "esmfold_trunk_8M_stem.pt"
 

@@ -259,6 +259,13 @@ class FairEsmAdapter(ModelAdapter):
         return model(batch.inputs["tokens"].to(device))
 
 
+def _fused_hf_layers(model: nn.Module) -> None:
+    """Integer transformers ESM layers run as one fused layer where they can (``models/hf_fused``)."""
+    from ptq_protein.models.hf_fused import use_fused_layers_
+
+    use_fused_layers_(model)
+
+
 class HFEsmAdapter(ModelAdapter):
     """transformers ``EsmModel`` / ``EsmForMaskedLM``: batch-first hidden states."""
 
@@ -266,6 +273,9 @@ class HFEsmAdapter(ModelAdapter):
     norm_linear_pairs = _HF_ESM_PAIRS
     head_globs = ("lm_head*", "esm.contact_head*", "contact_head*", "esm.embeddings*", "embeddings*", "pooler*",
                   "classifier*")
+
+    def prepare(self, model: nn.Module) -> None:
+        _fused_hf_layers(model)
 
     def make_batch(self, sequences: Sequence[str]) -> Batch:
         tokens, mask = _esm_tokens(sequences)
@@ -296,6 +306,9 @@ class HFEsmFoldAdapter(ModelAdapter):
     head_globs = ("distogram_head*", "ptm_head*", "lm_head*", "lddt_head*", "esm.contact_head*",
                   "esm.embeddings*", "embedding", "trunk.pairwise_positional_embedding*", "trunk.recycle_disto*",
                   "esm_s_combine*")
+
+    def prepare(self, model: nn.Module) -> None:
+        _fused_hf_layers(model)  # the ESM-2 stem
 
     def group_of(self, name: str) -> str:
         if name.startswith("esm."):

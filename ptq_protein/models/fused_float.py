@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ptq_protein.config import Backend
+from ptq_protein.models.encoder_roles import EncoderLayer, layer_runner
 
 __all__ = ["use_fused_float_", "fused_attention_runs"]
 
@@ -165,6 +166,10 @@ def _layer_forward(self, x: Tensor, self_attn_mask: Optional[Tensor] = None,
     fair-esm's own). x ``[T, B, C]``."""
     if need_head_weights or not (self.fused_float and getattr(self.fc1, "backend", None) is Backend.INT8):
         return super(type(self), self).forward(x, self_attn_mask, self_attn_padding_mask, need_head_weights)
+    if self_attn_mask is None:
+        out = _int8_layer(self, x, self_attn_padding_mask)
+        if out is not None:
+            return out, None
     residual = x
     x = self.self_attn_layer_norm(x)
     x, attn = self.self_attn(query=x, key=x, value=x, key_padding_mask=self_attn_padding_mask, need_weights=True,
@@ -173,3 +178,29 @@ def _layer_forward(self, x: Tensor, self_attn_mask: Optional[Tensor] = None,
     residual = x
     x = self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
     return residual + x, attn
+
+
+def _encoder_layer(layer: nn.Module) -> EncoderLayer:
+    attn = layer.self_attn
+    return EncoderLayer(layer.self_attn_layer_norm, attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj,
+                        layer.final_layer_norm, layer.fc1, layer.fc2, attn.num_heads, attn.scaling)
+
+
+def _int8_layer(layer: nn.Module, x: Tensor, key_padding_mask: Optional[Tensor]) -> Optional[Tensor]:
+    """fair-esm's layer on the fused integer executor (``nn.layer_int8``; x ``[T, B, C]``), or None where it
+    does not run (then the modules run it)."""
+    attn = layer.self_attn
+    if (layer.training or attn.rot_emb is None or attn.bias_k is not None or attn.add_zero_attn
+            or torch._C._is_torch_function_mode_enabled()):
+        return None
+    roles = _encoder_layer(layer)
+    runner = layer_runner(roles)
+    if runner is None or runner.blocker(roles, x) is not None:
+        return None
+    tgt_len, bsz, _ = x.shape
+    cos, sin = attn.rot_emb._update_cos_sin_tables(x, seq_dimension=0)  # [1, T, D]
+    cos, sin = (t.reshape(1, tgt_len, 1, -1) for t in (cos, sin))
+    mask = None
+    if key_padding_mask is not None and key_padding_mask.dim() > 0:
+        mask = ~key_padding_mask.to(torch.bool).reshape(bsz, 1, 1, tgt_len)  # True: the key takes part
+    return runner.forward(roles, x, batch_first=False, cos=cos, sin=sin, attn_mask=mask)

@@ -49,6 +49,7 @@ from ptq_protein.models.tokens import (
     tokenize_fair_esm,
     tokenize_hf_esm,
 )
+from ptq_protein.process_memory import loading
 
 __all__ = ["ModelFamily", "LoadedModel", "load_model", "locate_weights"]
 
@@ -113,6 +114,7 @@ class LoadedModel:
         return tokens.to(self.device), mask.to(self.device)
 
 
+@loading()  # its freed temporaries go back to the system; the heap is trimmed after
 def load_model(name_or_path: Union[str, os.PathLike], weights: Optional[Union[str, os.PathLike]] = None,
                device: Union[str, torch.device] = "cpu", dtype: torch.dtype = torch.float32, *,
                seed: Optional[int] = None, config=None, fp16_esm: Optional[bool] = None,

@@ -36,7 +36,7 @@ from ptq_protein.nn import cpu_int8
 from ptq_protein.nn.int_exec import _fast_blocker, codes_rows_linear, float_rows_linear, int_linear
 from ptq_protein.nn.int_fast import fast_product
 
-__all__ = ["int_forward", "shared_linear"]
+__all__ = ["int_forward", "shared_linear", "group_weights"]
 
 
 class _Packed(NamedTuple):
@@ -64,7 +64,7 @@ def shared_linear(module: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
     members = getattr(module, "shared_input", None)
     if not members or module not in members or not _runs_together(members, x):
         return None
-    state = _state(members)
+    state = group_weights(members)
     i = members.index(module)
     memo = state.cache.get("memo")
     version = None if x.is_inference() else x._version  # inference tensors keep no version counter
@@ -104,7 +104,7 @@ def _same_codes(a: nn.Module, b: nn.Module) -> bool:
     return not hasattr(a, "scale") or (torch.equal(a.scale, b.scale) and torch.equal(a.zero_point, b.zero_point))
 
 
-def _state(members: tuple) -> _Packed:
+def group_weights(members: tuple) -> _Packed:
     """The group's prepacked weight, built (again) when a member's cache was reset."""
     state = members[0]._int_cache.get("shared")
     if state is not None and state.members == members and all(m._int_cache.get("shared") is state for m in members):

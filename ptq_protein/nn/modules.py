@@ -329,6 +329,14 @@ class QuantLinear(nn.Module):
         return _apply_keeping_float32(self, ("weight_scale", "weight_codes"), fn, recurse)  # FP8 codes stay FP8
 
     # -- forward ---------------------------------------------------------------------
+    @staticmethod
+    def encoder_layer_runner():
+        """The fused integer encoder layer (:mod:`ptq_protein.nn.layer_int8`), offered to the architecture code
+        (``models/encoder_roles``), which sits below this package layer and cannot import it."""
+        from ptq_protein.nn import layer_int8
+
+        return layer_int8
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend is Backend.INT8 and self.input_quant is not None and self.weight_spec is not None:
             from ptq_protein.nn.int_shared import int_forward

@@ -26,7 +26,11 @@ SEQS = ["MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQ", "MENDEL", "ACDEFGHIKLMNPQRSTVWY", "
 
 @pytest.fixture(params=["auto", "split"])
 def engine_mode(request, monkeypatch):
-    """This CPU's own mode, and the split engine forced (so a VNNI CPU tests the AVX2 path too)."""
+    """This CPU's own mode, and the split engine forced (so a VNNI CPU tests the AVX2 path too); the module path
+    (the whole-layer executor, ``nn.layer_int8``, off: it has tests of its own)."""
+    from ptq_protein.nn import layer_int8
+
+    monkeypatch.setattr(layer_int8, "blocker", lambda *args: "off in these tests")
     if request.param == "split":
         monkeypatch.setattr(cpu_int8, "mode", lambda: "split")
     return request.param

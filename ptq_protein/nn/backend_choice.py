@@ -1,0 +1,62 @@
+"""Which backend a loaded artifact runs when the caller names none: the fastest whose integers are exact here.
+
+An artifact records the backend it was quantized with (the float simulation, ``fake``, by default), but
+that is a property of the run, not of the recipe: the integer codes and scales are the same either way.
+On a CPU where oneDNN's int8 GEMM gives exact int32 accumulators (checked once per process by
+:func:`ptq_protein.nn.cpu_int8.mode`: natively with VNNI or AMX, or split against the int16 saturation of
+AVX2-only CPUs) the integer GEMMs are 1.6-4x faster than the simulation, so they run; a site no exact fast
+engine takes runs the simulation's product (``nn.int_exec``). On CUDA the recorded backend runs: the
+Triton kernels have not been verified on a GPU yet, so integer GEMMs there stay opt-in (``backend="int8"``).
+``backend="fake"`` keeps the simulation of record, bit for bit, anywhere.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+from typing import Tuple
+
+import torch
+
+from ptq_protein.config import Backend
+
+__all__ = ["choose_backend", "cpu_isa"]
+
+log = logging.getLogger(__name__)
+
+_FLAGS = (("amx_int8", "AMX int8"), ("avx512_vnni", "AVX-512 VNNI"), ("avx_vnni", "AVX-VNNI"), ("avx512f", "AVX-512"),
+          ("avx2", "AVX2"))
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_isa() -> str:
+    """The widest int8-relevant instruction set this CPU lists (``/proc/cpuinfo``), or PyTorch's capability."""
+    try:
+        flags = set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                         if line.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration, IndexError):
+        flags = set()
+    found = next((name for flag, name in _FLAGS if flag in flags), None)
+    return found or torch.backends.cpu.get_cpu_capability()
+
+
+def choose_backend(recorded: Backend, device: torch.device) -> Tuple[Backend, str]:
+    """(backend, the one-line reason) for an artifact loaded with no backend named."""
+    if device.type != "cpu":
+        return recorded, (f"{device.type}: the recorded backend '{recorded.value}' runs (integer GEMMs on a GPU are "
+                          "opt-in, backend='int8': not yet verified on GPU hardware)")
+    from ptq_protein.nn import cpu_int8
+
+    mode = cpu_int8.mode()
+    if mode is None:
+        return Backend.FAKE, f"the float simulation (backend 'fake'): {cpu_int8.reason()}"
+    how = "natively" if mode == "native" else "split against this CPU's int16 saturation (no VNNI)"
+    return Backend.INT8, (f"integer GEMMs (backend 'int8', oneDNN on {cpu_isa()}: exact int32 accumulation, {how}); "
+                          "backend='fake' runs the float simulation instead")
+
+
+@functools.lru_cache(maxsize=None)
+def announce(reason: str) -> None:
+    """Say once per process which path artifacts run and why."""
+    log.info("running %s", reason)

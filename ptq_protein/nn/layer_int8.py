@@ -1,0 +1,169 @@
+"""One pre-LayerNorm encoder layer (ESM-2's) on integer GEMMs, its float work fused between them.
+
+Module by module, an int8 layer makes about thirty passes over its activations: each LayerNorm, each
+quantizer, the GEMM outputs in float32, GELU, the residual adds, rotary and the attention reshapes. This runs
+the same layer as::
+
+    codes  = ln_codes(x)                        LayerNorm (and its input quantizer) -> q/k/v codes, one pass
+    qkv    = [q k v](codes)                     one GEMM on the stacked weights, float out
+    attn   = SDPA(rotary(q), rotary(k), v)      rotary in one pass; attention in the float dtype
+    x     += out(codes(attn))                   codes in one pass; the add in oneDNN's epilogue
+    codes  = ln_codes(x)
+    x     += fc2(gelu_codes(fc1(codes)))        GELU and fc2's codes in fc1's epilogue
+
+with every quantizer's parameters as the recipe has them. Integer accumulators are exact as on the module
+path; float epilogues (oneDNN's GELU, the compiled LayerNorm) round differently in the last bits, so a value on
+a rounding tie of the next quantizer can take the neighbouring code, as between the fake and int8 backends.
+Rows the recipe keeps in float (BOS/EOS) take a float side path through the same weights
+(:func:`ptq_protein.nn.cpu_int8_fused.float_rows`).
+
+It runs where every GEMM site is a static per-tensor 8-bit uniform one on the oneDNN path (``w8a8-uniform``,
+``w8a8-smoothquant``, ``w4a8``...), with no hooks on the layer's modules (:func:`blocker` says why not
+otherwise); the architecture code (``models/fused_float``, ``models/hf_fused``, which name the roles:
+:class:`~ptq_protein.models.encoder_roles.EncoderLayer`) falls back to the modules.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ptq_protein.config import Backend, Engine, Scheme
+from ptq_protein.models.encoder_roles import EncoderLayer
+from ptq_protein.nn import cpu_int8, cpu_int8_fused
+from ptq_protein.nn.int_fast import prepack_module
+from ptq_protein.nn.int_shared import group_weights
+from ptq_protein.nn.layer_float_ops import U8_OFFSET, Quant, codes, norm_codes, rotary, rotary_table
+from ptq_protein.quant.uniform import qrange
+
+__all__ = ["blocker", "forward", "static_quant"]
+
+
+def static_quant(quant: Optional[nn.Module]) -> Optional[Quant]:
+    """A static per-tensor uniform activation quantizer's (scale, zero point, qmin, qmax), else None."""
+    spec = getattr(quant, "spec", None)
+    if spec is None or spec.scheme is not Scheme.UNIFORM or spec.dynamic or quant.scale.numel() != 1:
+        return None
+    qmin, qmax = qrange(spec.bits, spec.symmetric)
+    return quant.scale.reshape(()), quant.zero_point.reshape(()), qmin, qmax
+
+
+def blocker(layer: EncoderLayer, x: torch.Tensor) -> Optional[str]:
+    """Why ``layer`` cannot run here on ``x`` (None when it can)."""
+    if x.device.type != "cpu" or x.dtype != torch.float32:
+        return "the fused integer layer runs float32 CPU tensors"
+    if cpu_int8.mode() is None:
+        return cpu_int8.reason()
+    for m in layer.linears:
+        if (getattr(m, "backend", None) is not Backend.INT8 or m.weight_spec is None or m.engine is Engine.REFERENCE
+                or m.weight_codebook is not None or not m.symmetric_weight_codes()):
+            return f"{type(m).__name__} is not an integer linear with symmetric weight codes on the oneDNN engine"
+        quant = static_quant(m.input_quant)
+        if quant is None or quant[2] < -128 or quant[3] > 127:
+            return "the fused integer layer takes static per-tensor uniform 8-bit activations"
+    if any(not torch.equal(a, b) for a, b in zip(static_quant(layer.q.input_quant)[:2],
+                                                 static_quant(layer.k.input_quant)[:2])) or \
+            any(not torch.equal(a, b) for a, b in zip(static_quant(layer.q.input_quant)[:2],
+                                                     static_quant(layer.v.input_quant)[:2])):
+        return "q, k and v quantize their common input differently"
+    for norm in (layer.attn_norm, layer.ffn_norm):
+        fake = getattr(norm, "input_quant", None)
+        if fake is not None and static_quant(fake) is None:
+            return "a LayerNorm input quantizer that is not static per-tensor uniform"
+    if _hooked(layer):
+        return "hooks on the layer's modules (they would not fire)"
+    return None
+
+
+def _hooked(layer: EncoderLayer) -> bool:
+    from torch.nn.modules import module as torch_module
+
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return True
+    parts = (*layer.linears, layer.attn_norm, layer.ffn_norm)
+    return any(m._forward_hooks or m._forward_pre_hooks for part in parts for m in part.modules())
+
+
+def _norm(module: nn.Module) -> Tuple[Optional[Quant], nn.Module]:
+    """(the input quantizer's parameters or None, the LayerNorm) of a LayerNorm or QuantInput(LayerNorm)."""
+    quant = getattr(module, "input_quant", None)
+    return (None if quant is None else static_quant(quant)), getattr(module, "module", module)
+
+
+def _codes(x: torch.Tensor, norm: nn.Module, quant: Quant) -> torch.Tensor:
+    fake, ln = _norm(norm)
+    return norm_codes(x, fake, ln.weight, ln.bias, ln.eps, quant)
+
+
+def _norm_rows(rows: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """The LayerNorm of rows kept in float: their input quantizer passes them through."""
+    ln = _norm(norm)[1]
+    return F.layer_norm(rows, (rows.shape[-1],), ln.weight, ln.bias, ln.eps)
+
+
+def _bias(m: nn.Module) -> Optional[torch.Tensor]:
+    return None if m.bias is None else m.bias.to(torch.float32)
+
+
+def _run(quant: Quant) -> Tuple[float, int]:
+    """(scale, unsigned zero point) of a GEMM's input codes."""
+    return float(quant[0]), int(quant[1]) + U8_OFFSET
+
+
+def forward(layer: EncoderLayer, x: torch.Tensor, *, batch_first: bool, cos: torch.Tensor, sin: torch.Tensor,
+            attn_mask: Optional[torch.Tensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The layer's output for residual stream ``x`` ``[B, T, C]`` (``batch_first``) or ``[T, B, C]``, in that
+    layout; a new tensor (x is the caller's: fair-esm keeps it as a layer's representation).
+
+    ``cos``, ``sin``: ESM's rotary tables, broadcastable to ``[B, T, 1, D]``; ``attn_mask``: SDPA's mask for
+    ``[B, H, T, T]`` scores (True: attend), or None; ``dtype``: attention's float dtype (float32 or bfloat16).
+    Inside, rows run batch first.
+    """
+    seq = x if batch_first else x.transpose(0, 1)
+    batch, length, channels = seq.shape
+    res = seq.reshape(-1, channels).clone()  # contiguous [B*T, C]
+    keep = layer.q.input_quant.special_rows(x)
+    index = None
+    if keep is not None:
+        keep = keep.expand(*x.shape[:-1], 1) if batch_first else keep.expand(*x.shape[:-1], 1).transpose(0, 1)
+        index = keep.reshape(-1).nonzero().flatten()
+    saved = None if index is None else res.index_select(0, index)
+    for m in layer.linears:
+        m.engine_ran = Engine.ONEDNN.value
+
+    group = group_weights((layer.q, layer.k, layer.v))
+    quant = static_quant(layer.q.input_quant)
+    qkv = cpu_int8_fused.linear(_codes(res, layer.attn_norm, quant), group.packed, *_run(quant), group.bias, dtype)
+    if index is not None:
+        qkv.index_copy_(0, index, cpu_int8_fused.float_rows(_norm_rows(saved, layer.attn_norm), group.packed,
+                                                            group.bias).to(dtype))
+    heads = layer.heads
+    q, k, v = qkv.view(batch, length, 3, heads, channels // heads).unbind(2)
+    q = rotary(q, rotary_table(cos, sin, layer.q_scaling), dtype)
+    k = rotary(k, rotary_table(cos, sin), dtype)
+    att = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         attn_mask=attn_mask, scale=1.0).transpose(1, 2)  # [B, T, H, D]
+    att = att.reshape(-1, channels).to(torch.float32)  # attention writes [B, T, H, D]: a view
+    out, quant = prepack_module(layer.out), static_quant(layer.out.input_quant)
+    rows = None if index is None else att.index_select(0, index)
+    cpu_int8_fused.linear_add_(res, codes(att, quant), out, *_run(quant), _bias(layer.out))  # att consumed
+    if index is not None:
+        saved = saved + cpu_int8_fused.float_rows(rows, out, _bias(layer.out))
+        res.index_copy_(0, index, saved)
+
+    quant, hidden = static_quant(layer.fc1.input_quant), static_quant(layer.fc2.input_quant)
+    fc1, fc2 = prepack_module(layer.fc1), prepack_module(layer.fc2)
+    inner = _codes(res, layer.ffn_norm, quant)
+    if cpu_int8_fused.gelu_codes_fit(hidden):
+        inner = cpu_int8_fused.linear_gelu_codes(inner, fc1, *_run(quant), _bias(layer.fc1), hidden)
+    else:
+        inner = codes(F.gelu(cpu_int8_fused.linear(inner, fc1, *_run(quant), _bias(layer.fc1))), hidden)
+    cpu_int8_fused.linear_add_(res, inner, fc2, *_run(hidden), _bias(layer.fc2))
+    if index is not None:
+        inner = F.gelu(cpu_int8_fused.float_rows(_norm_rows(saved, layer.ffn_norm), fc1, _bias(layer.fc1)))
+        res.index_copy_(0, index, saved + cpu_int8_fused.float_rows(inner, fc2, _bias(layer.fc2)))
+    res = res.view(batch, length, channels)
+    return res if batch_first else res.transpose(0, 1)
