@@ -12,8 +12,8 @@ Two phases want opposite things:
   threshold fixed at 128 KiB, an int8 ``embed`` of 120 sequences took 9.4 million page faults and 40% of its
   wall time in the kernel. Kept in the heap, the blocks of one batch serve the next.
 
-So a process that runs models (the CLI, :func:`manage_heap`) fixes the threshold while loading
-(:func:`loading`), then trims the heap and keeps freed blocks of any size up to :data:`KEEP_BELOW` for reuse.
+So a process that runs models (a CLI command, :func:`managed_heap`) fixes the threshold while loading
+(:func:`loading`), then trims the heap and keeps freed blocks below :data:`KEEP_BELOW` for reuse.
 The resident size then follows the largest batch's working set, which the batch plan keeps within the memory
 budget (``fold``'s and ``embed``'s checks). A process that did not opt in keeps glibc's own policy; loading
 still trims the heap afterwards. Measurements: docs/benchmarks-history.md. Every call is a no-op off glibc
@@ -29,11 +29,16 @@ import functools
 import os
 from typing import Iterator, Optional
 
-__all__ = ["manage_heap", "loading", "release_freed_memory", "return_large_blocks", "KEEP_BELOW"]
+__all__ = ["managed_heap", "loading", "release_freed_memory", "return_large_blocks", "KEEP_BELOW", "KEEP_FREE"]
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
 _RETURN_ABOVE = 128 * 1024  # glibc's initial mmap threshold, kept fixed while loading
-KEEP_BELOW = 1 << 30  # while computing: blocks below 1 GiB come from the heap, and its free top is kept
+# While computing: blocks below 64 MiB (an ESM-2 650M layer's largest float32 activation at 4096 tokens is 63 MB)
+# come from the heap, and up to 256 MiB of its free top stay. Measured on a 35M-sized int8 embed of 120 sequences:
+# 3.1 million page faults and 6.1 s in the kernel with blocks returned, 0.14 million and 0.44 s with these; peak
+# resident 457 -> 550 MB, where keeping every block below 1 GiB gave 578 MB (docs/benchmarks-history.md).
+KEEP_BELOW = 64 << 20
+KEEP_FREE = 256 << 20
 _USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
 _managed = False  # set by manage_heap(): this process asked for the two-phase policy
 _depth = 0  # nested loading() blocks (a quantize that loads a model): the outermost one ends the phase
@@ -54,14 +59,26 @@ def _tunable() -> Optional[ctypes.CDLL]:
     return None if any(os.environ.get(v) for v in _USER_SETTINGS) else _glibc()
 
 
-def manage_heap() -> bool:
-    """Opt this process into the two-phase policy (for processes this package runs: the CLI); True when set.
+@contextlib.contextmanager
+def managed_heap() -> Iterator[bool]:
+    """The two-phase policy for the block's duration (a command of the CLI); yields whether it is on.
 
-    Until the first :func:`loading` ends, freed large blocks go back at once (as while loading).
+    Until the first :func:`loading` ends, freed large blocks go back at once (as while loading). After the
+    block, freed blocks go back at once again (a test or a caller running several commands in one process
+    keeps no command's heap).
     """
     global _managed
     _managed = return_large_blocks()
-    return _managed
+    try:
+        yield _managed
+    finally:
+        if _managed:
+            _managed = False
+            libc = _tunable()
+            if libc is not None:
+                libc.mallopt(_M_TRIM_THRESHOLD, _RETURN_ABOVE)
+            return_large_blocks()
+            release_freed_memory()
 
 
 def return_large_blocks() -> bool:
@@ -71,10 +88,11 @@ def return_large_blocks() -> bool:
 
 
 def _keep_freed_blocks() -> bool:
-    """Serve blocks below :data:`KEEP_BELOW` from the heap and keep its free top: reused, not re-faulted."""
+    """Serve blocks below :data:`KEEP_BELOW` from the heap, and keep up to :data:`KEEP_FREE` of its free top:
+    the next batch reuses them instead of faulting fresh pages in."""
     libc = _tunable()
     return libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, KEEP_BELOW)) and bool(
-        libc.mallopt(_M_TRIM_THRESHOLD, KEEP_BELOW))
+        libc.mallopt(_M_TRIM_THRESHOLD, KEEP_FREE))
 
 
 @contextlib.contextmanager

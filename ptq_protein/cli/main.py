@@ -14,7 +14,7 @@ import sys
 from typing import Callable, Optional, Sequence
 
 from ptq_protein import __version__
-from ptq_protein.process_memory import manage_heap
+from ptq_protein.process_memory import managed_heap
 
 # module name -> sub-commands it registers; order is the order shown in --help.
 _COMMAND_MODULES = (
@@ -98,8 +98,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         _check_environment()
-        manage_heap()  # freed blocks returned while loading, kept for reuse while computing (process_memory)
-        return int(func(args) or EXIT_OK)
+        with managed_heap():  # freed blocks returned while loading, kept for reuse while computing (process_memory)
+            return int(func(args) or EXIT_OK)
     except KeyboardInterrupt:
         print("ptq-protein: interrupted", file=sys.stderr)
         return EXIT_RUNTIME

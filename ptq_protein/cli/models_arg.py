@@ -57,10 +57,9 @@ def is_artifact(path: str) -> bool:
 def check_model_or_artifact(args: argparse.Namespace, command: str) -> bool:
     """True for an artifact folder; refuses options that cannot apply to what ``args.model`` is (before it loads)."""
     if is_artifact(args.model):
-        given = [o for o, v in (("--weights", args.weights), ("--dtype", args.dtype)) if v is not None]
-        if given:
-            raise ValueError(f"{' and '.join(given)} cannot apply to an artifact ({args.model} carries its own "
-                             f"weights and dtypes); drop the option, or {command} with the float model instead")
+        if args.weights is not None:
+            raise ValueError(f"--weights cannot apply to an artifact ({args.model} carries its own weights); drop "
+                             f"the option, or {command} with the float model instead")
         return True
     if args.backend is not None:
         raise ValueError(f"--backend applies to artifacts; {args.model} is a float model (drop --backend, or "
@@ -73,8 +72,16 @@ def load_model_or_artifact(args: argparse.Namespace, artifact: bool, device: str
     if artifact:
         import ptq_protein as pp
 
-        return pp.load(args.model, device=device, backend=args.backend), artifact_identity(args.model)
+        model = pp.load(args.model, device=device, backend=args.backend)
+        if args.dtype:  # the parts kept in floating point (attention, LayerNorm, heads); codes and scales unchanged
+            import torch
+
+            model = model.to(getattr(torch, _DTYPES[args.dtype]))
+        return model, artifact_identity(args.model)
     loaded = load_float_model(args, args.model, device=device)
+    from ptq_protein.models.fused_float import use_fast_float_
+
+    use_fast_float_(loaded.model)  # embed and score only read outputs: attention as one SDPA call, one-pass GELU
     return loaded.model, {"name": loaded.name, "sha256": loaded.source_sha256, "recipe": "fp",
                           "source": loaded.source if loaded.source.startswith("tiny:") else Path(loaded.source).name}
 

@@ -41,7 +41,7 @@ from torch.nn import functional as F
 from ptq_protein.config import Backend
 from ptq_protein.models.encoder_roles import EncoderLayer, layer_runner
 
-__all__ = ["use_fused_float_", "fused_attention_runs"]
+__all__ = ["use_fused_float_", "use_fast_float_", "fused_attention_runs"]
 
 
 def _base_classes() -> Tuple[type, type]:
@@ -103,12 +103,29 @@ def _fused_class(base: type) -> type:
     return _FUSED[base]
 
 
+def _fast(module: nn.Module, linear: nn.Module) -> bool:
+    """Integer linears (fake keeps fair-esm's arithmetic, the simulation of record), or a float model a workload
+    asked to run fast (:func:`use_fast_float_`)."""
+    return getattr(linear, "backend", None) is Backend.INT8 or getattr(module, "fast_float", False)
+
+
+def use_fast_float_(model: nn.Module) -> int:
+    """Run a float fair-esm model's attention as one SDPA call and its GELU in one pass (in place), as integer
+    models do: for workloads that only read its outputs (``embed``, ``score``). Calibration and the quantizer's
+    reference keep fair-esm's own arithmetic. Returns how many attention modules run fused."""
+    count = use_fused_float_(model)
+    for module in model.modules():
+        if getattr(module, "fused_float", False):
+            module.fast_float = True
+    return count
+
+
 def fused_attention_runs(module: nn.Module, need_head_weights: bool = False, **call) -> bool:
     """Whether ``module``'s forward takes the fused path for a call with these arguments (``self_call``:
     key and value are the query tensor itself, as ESM layers call it)."""
     q_proj = getattr(module, "q_proj", None)
     return (getattr(module, "fused_float", False) and not need_head_weights and not module.training
-            and getattr(q_proj, "backend", None) is Backend.INT8 and call.get("self_call", True)
+            and _fast(module, q_proj) and call.get("self_call", True)
             and not module.encoder_decoder_attention
             and module.bias_k is None and not module.add_zero_attn
             and all(call.get(k) is None for k in ("incremental_state", "attn_mask"))
@@ -164,7 +181,7 @@ def _layer_forward(self, x: Tensor, self_attn_mask: Optional[Tensor] = None,
     """fair-esm's ``TransformerLayer.forward`` with ``F.gelu`` (one pass) for its five-pass ``gelu`` on integer
     models; fair-esm's own forward otherwise, and when attention maps are asked for (contacts: the maps stay
     fair-esm's own). x ``[T, B, C]``."""
-    if need_head_weights or not (self.fused_float and getattr(self.fc1, "backend", None) is Backend.INT8):
+    if need_head_weights or not (self.fused_float and _fast(self, self.fc1)):
         return super(type(self), self).forward(x, self_attn_mask, self_attn_padding_mask, need_head_weights)
     if self_attn_mask is None:
         out = _int8_layer(self, x, self_attn_padding_mask)

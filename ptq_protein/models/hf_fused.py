@@ -91,7 +91,7 @@ def _int8_layer(layer: nn.Module, x: Tensor, mask: Optional[Tensor], rotary: Opt
     if runner is None or runner.blocker(roles, x) is not None:
         return None
     cos, sin = (t.reshape(t.shape[0], t.shape[1], 1, t.shape[-1]) for t in rotary)  # [B or 1, T, D]
-    if mask is not None and mask.dtype not in (torch.bool, torch.float32):
+    if mask is not None and mask.dtype not in (torch.bool, x.dtype):
         return None
     return runner.forward(roles, x, batch_first=True, cos=cos.float(), sin=sin.float(), attn_mask=mask)
 

@@ -15,6 +15,7 @@ its class), so these functions serve both.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, Optional, Sequence
 
@@ -96,11 +97,12 @@ def lm_tokens(sequences: Sequence[str]) -> torch.Tensor:
 
 @torch.no_grad()
 def lm_forward(model: nn.Module, tokens: torch.Tensor, repr_layers: Sequence[int] = (), *,
-               contacts: bool = False) -> LMOutputs:
+               contacts: bool = False, logits: bool = True) -> LMOutputs:
     """Run ``model`` on ESM ``tokens`` [B, T]; ``repr_layers`` are indices in ``0..num_layers``.
 
     Padding is masked (transformers: ``attention_mask``; fair-esm masks its padding
     itself). Outputs come back on the CPU in float32, whatever the model's device or dtype.
+    ``logits=False`` skips the LM head (``logits`` is then None): embeddings do not read it.
     """
     from ptq_protein.models.adapters import _device_of
 
@@ -108,12 +110,32 @@ def lm_forward(model: nn.Module, tokens: torch.Tensor, repr_layers: Sequence[int
     device = _device_of(model)
     tokens = tokens.to(device)
     if info.family == "fair-esm":
-        out = model(tokens, repr_layers=list(repr_layers), return_contacts=contacts)
+        with contextlib.nullcontext() if logits else _without_lm_head(model):
+            out = model(tokens, repr_layers=list(repr_layers), return_contacts=contacts)
         reps = {int(k): v for k, v in out["representations"].items()}
-        return _to_cpu(LMOutputs(reps, out["logits"], out.get("contacts") if contacts else None))
+        return _to_cpu(LMOutputs(reps, out["logits"] if logits else None, out.get("contacts") if contacts else None))
     if contacts and not info.has_contact_head:
         raise ValueError(f"{type(model).__name__} has no contact head; leave 'contacts' out")
+    if not logits and info.has_lm_head:  # the encoder alone: the same hidden states, no head
+        model, info = _hf_encoder(model), dataclasses.replace(info, has_lm_head=False)
     return _to_cpu(_hf_forward(model, tokens, repr_layers, contacts, info))
+
+
+class _NoHead(nn.Module):
+    """Stands in for fair-esm's LM head, which ``ESM2.forward`` always runs: returns its input unchanged."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+@contextlib.contextmanager
+def _without_lm_head(model: nn.Module) -> Iterator[None]:
+    head = model.lm_head
+    model.lm_head = _NoHead()
+    try:
+        yield
+    finally:
+        model.lm_head = head
 
 
 def _hf_forward(model: nn.Module, tokens: torch.Tensor, repr_layers: Sequence[int], contacts: bool,

@@ -53,8 +53,8 @@ def static_quant(quant: Optional[nn.Module]) -> Optional[Quant]:
 
 def blocker(layer: EncoderLayer, x: torch.Tensor) -> Optional[str]:
     """Why ``layer`` cannot run here on ``x`` (None when it can)."""
-    if x.device.type != "cpu" or x.dtype != torch.float32:
-        return "the fused integer layer runs float32 CPU tensors"
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16):
+        return "the fused integer layer runs float32 or bfloat16 CPU tensors"
     if cpu_int8.mode() is None:
         return cpu_int8.reason()
     for m in layer.linears:
@@ -93,15 +93,20 @@ def _norm(module: nn.Module) -> Tuple[Optional[Quant], nn.Module]:
     return (None if quant is None else static_quant(quant)), getattr(module, "module", module)
 
 
+def _affine(ln: nn.Module) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """A LayerNorm's weight and bias in float32 (a model cast to bfloat16 holds them in bfloat16)."""
+    return ln.weight.float(), None if ln.bias is None else ln.bias.float()
+
+
 def _codes(x: torch.Tensor, norm: nn.Module, quant: Quant) -> torch.Tensor:
     fake, ln = _norm(norm)
-    return norm_codes(x, fake, ln.weight, ln.bias, ln.eps, quant)
+    return norm_codes(x, fake, *_affine(ln), ln.eps, quant)
 
 
 def _norm_rows(rows: torch.Tensor, norm: nn.Module) -> torch.Tensor:
     """The LayerNorm of rows kept in float: their input quantizer passes them through."""
     ln = _norm(norm)[1]
-    return F.layer_norm(rows, (rows.shape[-1],), ln.weight, ln.bias, ln.eps)
+    return F.layer_norm(rows, (rows.shape[-1],), *_affine(ln), ln.eps)
 
 
 def _bias(m: nn.Module) -> Optional[torch.Tensor]:
@@ -114,17 +119,19 @@ def _run(quant: Quant) -> Tuple[float, int]:
 
 
 def forward(layer: EncoderLayer, x: torch.Tensor, *, batch_first: bool, cos: torch.Tensor, sin: torch.Tensor,
-            attn_mask: Optional[torch.Tensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            attn_mask: Optional[torch.Tensor]) -> torch.Tensor:
     """The layer's output for residual stream ``x`` ``[B, T, C]`` (``batch_first``) or ``[T, B, C]``, in that
-    layout; a new tensor (x is the caller's: fair-esm keeps it as a layer's representation).
+    layout and dtype; a new tensor (x is the caller's: fair-esm keeps it as a layer's representation).
 
     ``cos``, ``sin``: ESM's rotary tables, broadcastable to ``[B, T, 1, D]``; ``attn_mask``: SDPA's mask for
-    ``[B, H, T, T]`` scores (True: attend), or None; ``dtype``: attention's float dtype (float32 or bfloat16).
+    ``[B, H, T, T]`` scores (True: attend), or None. Attention runs in x's dtype (float32, or bfloat16 for a
+    model cast to it); the residual stream and the rows kept in float stay float32 inside the layer.
     Inside, rows run batch first.
     """
+    dtype = x.dtype
     seq = x if batch_first else x.transpose(0, 1)
     batch, length, channels = seq.shape
-    res = seq.reshape(-1, channels).clone()  # contiguous [B*T, C]
+    res = seq.reshape(-1, channels).to(torch.float32, copy=True)  # contiguous [B*T, C]
     keep = layer.q.input_quant.special_rows(x)
     index = None
     if keep is not None:
@@ -165,5 +172,5 @@ def forward(layer: EncoderLayer, x: torch.Tensor, *, batch_first: bool, cos: tor
     if index is not None:
         inner = F.gelu(cpu_int8_fused.float_rows(_norm_rows(saved, layer.ffn_norm), fc1, _bias(layer.fc1)))
         res.index_copy_(0, index, saved + cpu_int8_fused.float_rows(inner, fc2, _bias(layer.fc2)))
-    res = res.view(batch, length, channels)
+    res = res.view(batch, length, channels).to(dtype)
     return res if batch_first else res.transpose(0, 1)

@@ -73,7 +73,7 @@ def embed_batch(model: nn.Module, records: Sequence[Tuple[str, str]], layers: Se
     """One forward over ``records`` (label, sequence already truncated); one result dict each."""
     tokens = lm_tokens([seq for _, seq in records])
     out = lm_forward(model, tokens, layers if options.wants_representations else (),
-                     contacts="contacts" in options.include)
+                     contacts="contacts" in options.include, logits="logits" in options.include)
     return [sequence_result(label, len(seq), i, out, options.include) for i, (label, seq) in enumerate(records)]
 
 

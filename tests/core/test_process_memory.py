@@ -28,3 +28,55 @@ def test_no_glibc_means_no_call(monkeypatch):
     monkeypatch.setattr(process_memory, "_glibc", lambda: None)
     assert process_memory.return_large_blocks() is False and process_memory.release_freed_memory() is False
 
+
+
+_FAULTS = """
+import resource, sys, torch
+from ptq_protein import process_memory
+mode = sys.argv[1]
+
+def batch(tokens):  # a layer's activations, of a size that changes with the batch
+    kept = [torch.ones(tokens, 480), torch.ones(tokens, 1440), torch.ones(tokens, 1920, dtype=torch.uint8)]
+    del kept
+
+def faults_of_reuse():
+    for tokens in range(4096, 3096, -100):  # warm: the largest batches first
+        batch(tokens)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for tokens in range(2000, 4000, 100):
+        batch(tokens)
+    pages = sum(t * (480 * 4 + 1440 * 4 + 1920) for t in range(2000, 4000, 100)) // 4096
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before, pages
+
+if mode == "managed":
+    with process_memory.managed_heap():
+        with process_memory.loading():
+            pass
+        print(*faults_of_reuse())
+else:
+    process_memory.return_large_blocks()
+    print(*faults_of_reuse())
+"""
+
+
+@glibc
+@pytest.mark.parametrize("mode", ["managed", "loading"])
+def test_computing_reuses_freed_blocks_loading_returns_them(mode, monkeypatch):
+    """The kernel's own count of page faults: after a load, a freed activation-sized block is reused (a few
+    faults); while loading it is returned, and the next one is zero-filled again (a fault per 4 KiB page)."""
+    import subprocess
+    import sys
+
+    for var in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"):
+        monkeypatch.delenv(var, raising=False)
+    out = subprocess.run([sys.executable, "-c", _FAULTS, mode], capture_output=True, text=True, check=True)
+    faults, pages = (int(v) for v in out.stdout.split()[-2:])
+    assert faults < pages // 10 if mode == "managed" else faults > pages // 2
+
+
+@glibc
+def test_a_command_leaves_the_heap_as_it_found_it():
+    with process_memory.managed_heap() as on:
+        with process_memory.loading():
+            assert process_memory._managed == on
+    assert process_memory._managed is False

@@ -46,7 +46,7 @@ def _export(model, recipe, seqs, tmp_path, **kwargs):
     q = pp.quantize(model, recipe, calibration=seqs, **kwargs)
     pp.save(q, tmp_path / "a")
     export_onnx(tmp_path / "a", tmp_path / "m.onnx")
-    return pp.load(tmp_path / "a"), ort_session(tmp_path / "m.onnx", threads=1)
+    return pp.load(tmp_path / "a", backend="fake"), ort_session(tmp_path / "m.onnx", threads=1)
 
 
 def _feed(ids, mask=None):
@@ -116,7 +116,7 @@ def test_hidden_states_on_request(hf_esm2, seqs, tmp_path):
     q = pp.quantize(hf_esm2, "w8a8-dynamic")
     pp.save(q, tmp_path / "a")
     export_onnx(tmp_path / "a", tmp_path / "m.onnx", hidden_states=True)
-    ref, session = pp.load(tmp_path / "a"), ort_session(tmp_path / "m.onnx", threads=1)
+    ref, session = pp.load(tmp_path / "a", backend="fake"), ort_session(tmp_path / "m.onnx", threads=1)
     ids = get_adapter(ref).make_batch(seqs).inputs["input_ids"]
 
     def stacked(model):
@@ -139,7 +139,7 @@ def test_cli_quantizes_and_exports_an_esm_model_folder(hf_esm2, seqs, tmp_path, 
     assert main(["quantize", str(tmp_path / "trunk"), "--preset", "w8a8-dynamic", "--calib", "casp14:2",
                  "--out", str(tmp_path / "a"), "--quiet"]) == 0
     capsys.readouterr()
-    ref = pp.load(tmp_path / "a")
+    ref = pp.load(tmp_path / "a", backend="fake")
     assert type(ref).__name__ == "EsmModel"
     assert main(["export", str(tmp_path / "a"), "--out", str(tmp_path / "x" / "m.onnx"), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)

@@ -199,7 +199,7 @@ def test_int8_layers_run_one_pass_gelu_within_float_rounding(gelu_calls, sdpa_ca
 def test_loaded_int8_artifact_runs_fused(tmp_path, sdpa_calls):
     """``pp.load`` prepares the model through the adapter too: backend int8 fuses, backend fake does not."""
     pp.save(_quantized("w8a8-uniform", backend="fake"), tmp_path / "a")
-    fake, real = pp.load(tmp_path / "a"), pp.load(tmp_path / "a", backend="int8")
+    fake, real = pp.load(tmp_path / "a", backend="fake"), pp.load(tmp_path / "a", backend="int8")
     tokens = _padded_tokens(fake)
     with torch.no_grad():
         fake(tokens)

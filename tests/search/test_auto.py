@@ -105,7 +105,7 @@ def test_auto_meets_the_budget_on_held_out_sequences(esm2, auto_model, metric_se
 
 def test_auto_artifact_reloads_bit_identical_and_runs_int8(auto_model, tmp_path, calib_seqs):
     path = pp.save(auto_model, tmp_path / "auto")
-    loaded = pp.load(path)
+    loaded = pp.load(path, backend="fake")  # the saved model, run as it was
     assert loaded.ptq_state.plan == auto_model.ptq_state.plan
     adapter = get_adapter(auto_model)
     batch = adapter.make_batch(calib_seqs[:2])

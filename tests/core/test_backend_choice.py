@@ -1,0 +1,39 @@
+"""Which backend a loaded artifact runs when none is named (``nn/backend_choice``)."""
+
+import logging
+
+import pytest
+import torch
+
+import ptq_protein as pp
+from ptq_protein.config import Backend
+from ptq_protein.nn import backend_choice, cpu_int8
+
+
+@pytest.mark.parametrize("mode, want", [("native", Backend.INT8), ("split", Backend.INT8), (None, Backend.FAKE)])
+def test_cpu_runs_integer_gemms_where_they_are_exact(monkeypatch, mode, want):
+    monkeypatch.setattr(cpu_int8, "mode", lambda: mode)
+    monkeypatch.setattr(cpu_int8, "reason", lambda: "no oneDNN int8 linear in this PyTorch build")
+    backend, why = backend_choice.choose_backend(Backend.FAKE, torch.device("cpu"))
+    assert backend is want
+    assert ("split against" in why) if mode == "split" else ("natively" in why if mode else "no oneDNN" in why)
+
+
+def test_a_gpu_runs_the_recorded_backend():
+    for recorded in Backend:
+        backend, why = backend_choice.choose_backend(recorded, torch.device("cuda"))
+        assert backend is recorded and "opt-in" in why
+
+
+@pytest.mark.skipif(not cpu_int8.available(), reason=cpu_int8.reason())
+def test_load_picks_int8_and_says_why_once(esm2, seqs, tmp_path, caplog):
+    pp.save(pp.quantize(esm2, "w8a8-uniform", calibration=seqs), tmp_path / "a")  # recorded backend: fake
+    backend_choice.announce.cache_clear()
+    with caplog.at_level(logging.INFO, logger="ptq_protein.nn.backend_choice"):
+        model = pp.load(tmp_path / "a")
+        pp.load(tmp_path / "a")
+        fake = pp.load(tmp_path / "a", backend="fake")
+    lines = [r.getMessage() for r in caplog.records if r.name == "ptq_protein.nn.backend_choice"]
+    assert len(lines) == 1 and "integer GEMMs" in lines[0] and backend_choice.cpu_isa() in lines[0]
+    assert {m.backend for m in model.modules() if hasattr(m, "engine_ran")} == {Backend.INT8}
+    assert {m.backend for m in fake.modules() if hasattr(m, "engine_ran")} == {Backend.FAKE}
