@@ -56,13 +56,14 @@ def is_artifact(path: str) -> bool:
 
 def check_model_or_artifact(args: argparse.Namespace, command: str) -> bool:
     """True for an artifact folder; refuses options that cannot apply to what ``args.model`` is (before it loads)."""
+    backend = getattr(args, "backend", None)  # fold has no --backend
     if is_artifact(args.model):
         given = [o for o, v in (("--weights", args.weights), ("--dtype", args.dtype)) if v is not None]
         if given:
             raise ValueError(f"{' and '.join(given)} cannot apply to an artifact ({args.model} carries its own "
                              f"weights and dtypes); drop the option, or {command} with the float model instead")
         return True
-    if args.backend is not None:
+    if backend is not None:
         raise ValueError(f"--backend applies to artifacts; {args.model} is a float model (drop --backend, or "
                          "quantize it first)")
     return False
@@ -73,10 +74,20 @@ def load_model_or_artifact(args: argparse.Namespace, artifact: bool, device: str
     if artifact:
         import ptq_protein as pp
 
-        return pp.load(args.model, device=device, backend=args.backend), artifact_identity(args.model)
+        return pp.load(args.model, device=device, backend=getattr(args, "backend", None)), artifact_identity(args.model)
     loaded = load_float_model(args, args.model, device=device)
     return loaded.model, {"name": loaded.name, "sha256": loaded.source_sha256, "recipe": "fp",
                           "source": loaded.source if loaded.source.startswith("tiny:") else Path(loaded.source).name}
+
+
+def model_hint(args: argparse.Namespace, artifact: bool) -> Dict[str, Any]:
+    """What an output folder's identity records of the model that is known before loading it: an artifact's
+    digests, a float model's name (as the load will record it; no weights are read)."""
+    if artifact:
+        return artifact_identity(args.model)
+    from ptq_protein.models.loading import recorded_name
+
+    return {"name": recorded_name(args.model, getattr(args, "weights", None))}
 
 
 def artifact_identity(folder: str) -> Dict[str, Any]:
