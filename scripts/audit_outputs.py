@@ -248,6 +248,24 @@ def fold_shards(work: Path):
     return f"shard 1/2 exit {first.rc}; seed 1 shard 2/2 {second.said()}", first.rc == 0 and refused(second)
 
 
+@case("eval-variants-foreign", "eval variants: a scores .npy of another model copied over a done row's: the rerun "
+                               "redoes the row (the file is this model's again)")
+def eval_foreign(work: Path):
+    seqs = fasta(work, {"a": SEQS["a"], "b": SEQS["b"]})
+    runs = {seed: work / f"ev{seed}" for seed in ("0", "1")}
+    for seed, out in runs.items():
+        cli(work, "eval", "variants", "--model", "tiny-esm2", "--recipes", "fp", "--set", seqs, "--out", out,
+            "--seed", seed, "--quiet")
+    ours = runs["0"] / "variants" / "fp" / "a.npy"
+    want = ours.read_bytes()
+    shutil.copy(runs["1"] / "variants" / "fp" / "a.npy", ours)
+    rerun = cli(work, "eval", "variants", "--model", "tiny-esm2", "--recipes", "fp", "--set", seqs, "--out",
+                runs["0"], "--seed", "0", "--quiet")
+    same = ours.read_bytes() == want
+    return f"rerun {rerun.said()}; a.npy {'is this model' if same else 'still the other model'}'s", \
+        rerun.rc == 0 and same
+
+
 # --- section 3: concurrency, devices ------------------------------------------------------------------------
 
 
