@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from ptq_protein.artifact_seal import first_difference
+from ptq_protein.artifact_seal import canonical_json, first_difference
 from ptq_protein.errors import InputError
 from ptq_protein.file_reads import read_json
 from ptq_protein.io_utils import atomic_write_text, file_lock
@@ -32,19 +32,27 @@ def plain_json(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
-def identity_difference(have: Mapping[str, Any], want: Mapping[str, Any]) -> Optional[Tuple[str, Any, Any]]:
-    """(``what``, value in ``have``, value in ``want``) at the first difference, or None when equal.
+def identity_difference(have: Mapping[str, Any], want: Mapping[str, Any]) -> Optional[Tuple[str, str, str]]:
+    """(``what``, the value in ``have``, the value in ``want``) at the first difference, or None when equal.
 
-    ``what`` is the field as a user reads it (``model.sha256``, ``options.repr_layers``, ``FASTA content``).
+    ``what`` is the field as a user reads it (``model.sha256``, ``options.repr_layers``, ``FASTA content``);
+    the values are shown as ``repr``, or ``nothing`` where one side lacks the field.
     """
+    if canonical_json(have) == canonical_json(want):  # the common case, one comparison (a resume checks each file)
+        return None
     where = first_difference(have, want)
     if where is None:
         return None
-    where = where.split(" (")[0]
+    where, _, note = where.partition(" (")
     if where.split("/")[-1].isdigit():  # one element of a list: show the whole list
         where = where.rsplit("/", 1)[0]
     what = "FASTA content" if where == "fasta_sha256" else where.replace("/", ".")
-    return what, _value_at(have, where), _value_at(want, where)
+    shown = [repr(_value_at(side, where)) for side in (have, want)]
+    if note.startswith("missing"):
+        shown[0] = "nothing"
+    elif note.startswith("not in"):
+        shown[1] = "nothing"
+    return what, shown[0], shown[1]
 
 
 def _value_at(obj: Any, where: str) -> Any:
@@ -108,5 +116,5 @@ class RunManifest:
         if found is not None:
             what, recorded, this = found
             raise InputError(f"--out {self.folder} holds {self.what} of another run ({what} differs: {self.name} "
-                             f"has {recorded!r}, this run {this!r}); choose a new --out folder, or rerun with the "
+                             f"has {recorded}, this run {this}); choose a new --out folder, or rerun with the "
                              "same model, options and FASTA")

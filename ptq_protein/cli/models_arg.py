@@ -77,17 +77,24 @@ def load_model_or_artifact(args: argparse.Namespace, artifact: bool, device: str
         return pp.load(args.model, device=device, backend=getattr(args, "backend", None)), artifact_identity(args.model)
     loaded = load_float_model(args, args.model, device=device)
     return loaded.model, {"name": loaded.name, "sha256": loaded.source_sha256, "recipe": "fp",
-                          "source": loaded.source if loaded.source.startswith("tiny:") else Path(loaded.source).name}
+                          "source": _shown_source(loaded.source)}
+
+
+def _shown_source(source: str) -> str:
+    """A float model's source as an output records it: a tiny model's seed, a file's name (never a local path)."""
+    return source if source.startswith("tiny:") else Path(source).name
 
 
 def model_hint(args: argparse.Namespace, artifact: bool) -> Dict[str, Any]:
     """What an output folder's identity records of the model that is known before loading it: an artifact's
-    digests, a float model's name (as the load will record it; no weights are read)."""
+    digests, a float model's name and source (as the load will record them; no weights are read)."""
     if artifact:
         return artifact_identity(args.model)
-    from ptq_protein.models.loading import recorded_name
+    from ptq_protein.models.loading import recorded_source
 
-    return {"name": recorded_name(args.model, getattr(args, "weights", None))}
+    seed = args.seed if str(args.model).startswith("tiny-") else None  # as load_float_model passes it
+    name, source = recorded_source(args.model, getattr(args, "weights", None), seed)
+    return {"name": name, "source": _shown_source(source)}
 
 
 def artifact_identity(folder: str) -> Dict[str, Any]:

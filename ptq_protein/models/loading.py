@@ -170,16 +170,22 @@ def load_model(name_or_path: Union[str, os.PathLike], weights: Optional[Union[st
 # --- resolution ----------------------------------------------------------------
 
 
-def recorded_name(name_or_path: Union[str, os.PathLike], weights: Optional[Union[str, os.PathLike]] = None) -> str:
-    """The ``name`` :func:`load_model` records for these arguments, without reading any weights (what an output
-    folder's identity holds, compared before a rerun loads the model)."""
+def recorded_source(name_or_path: Union[str, os.PathLike], weights: Optional[Union[str, os.PathLike]] = None,
+                    seed: Optional[int] = None) -> Tuple[str, str]:
+    """(``name``, ``source``) that :func:`load_model` records for these arguments, without reading any weights
+    (what an output folder's identity holds, compared before a rerun loads the model)."""
     name = str(name_or_path)
     tiny = _TINY_SEED.fullmatch(name)
     if tiny and tiny.group("name") in TINY_MODELS:
-        name = tiny.group("name")
+        name, seed = tiny.group("name"), int(tiny.group("seed"))
     if weights is None and name in TINY_MODELS:
-        return name
-    return _label(name, _locate(name, weights))
+        return name, _tiny_source(name, 0 if seed is None else seed)
+    path = _locate(name, weights)
+    return _label(name, path), str(path)
+
+
+def _tiny_source(name: str, seed: int) -> str:
+    return f"tiny:{name}:seed={seed}"
 
 
 def _label(name: str, path: Path) -> str:
@@ -246,7 +252,7 @@ def _search(name: str, order: Sequence[Tuple[Optional[str], Optional[str]]]) -> 
 def _load_tiny(name: str, seed: int) -> LoadedModel:
     model, vocab, spec = build_tiny(name, seed=seed)
     max_length = None if spec.family == ModelFamily.HF_ESMFOLD.value else ESM2_MAX_RESIDUES
-    return LoadedModel(model, vocab, spec.family, name, f"tiny:{name}:seed={seed}", None, max_length)
+    return LoadedModel(model, vocab, spec.family, name, _tiny_source(name, seed), None, max_length)
 
 
 def _load_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: bool, mmap: bool) -> LoadedModel:

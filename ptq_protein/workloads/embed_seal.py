@@ -103,8 +103,8 @@ def check_identity(path: Path, have: Mapping[str, Any], want: Mapping[str, Any],
     found = identity_difference(dict(have), dict(want))
     if found is not None:
         what, recorded, this = found
-        raise UnusableOutput(f"{path} was written by another run ({what} differs: the file has {recorded!r}, "
-                             f"{against} {this!r}); {RERUN_FIX}, or move the file away")
+        raise UnusableOutput(f"{path} was written by another run ({what} differs: the file has {recorded}, "
+                             f"{against} {this}); {RERUN_FIX}, or move the file away")
 
 
 def check_result(path: Path, result: Mapping[str, Any], digest: Any) -> None:
