@@ -111,7 +111,8 @@ class EmbedFolder:
             try:
                 written.update(self._sealed_labels(path))
             except UnusableOutput as err:
-                self.unusable[path] = str(err)
+                if path.exists():  # not a part another shard merged away meanwhile
+                    self.unusable[path] = str(err)
         if self.unusable:
             log.warning("%d file(s) in %s are damaged or from another run and count as not written; their "
                         "sequences of this shard are embedded again. First: %s", len(self.unusable), self.out_dir,
@@ -141,7 +142,7 @@ class EmbedFolder:
         parts = sorted(parts_dir.glob("*.h5"))
         final = self.out_dir / f"embeddings.{self.shard.tag}.h5"
         if not parts and final not in self.unusable:
-            parts_dir.rmdir()
+            shutil.rmtree(parts_dir)
             return final if final.exists() else None
         merged: Dict[str, Dict[str, Any]] = {}
         for path in ([final] if final.exists() else []) + parts:
