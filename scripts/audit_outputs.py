@@ -175,21 +175,28 @@ for _how in ("truncated", "garbage"):
 
 def _write_fair_esm2(path: Path, seed: int = 0) -> Path:
     """A tiny fair-esm ESM-2 as fair-esm's hub files: ``NAME.pt`` and ``NAME-contact-regression.pt``."""
-    import argparse as ap
-
     import torch
 
     from ptq_protein.models.tiny import tiny_esm2
 
-    model = tiny_esm2(seed=seed)[0]
+    try:
+        from ptq_protein.models.fair_esm2 import save_fair_esm2
+    except ImportError:  # a release before it: the same layout, written here
+        return _write_fair_esm2_here(tiny_esm2(seed=seed)[0], path, torch)
+    return save_fair_esm2(tiny_esm2(seed=seed)[0], path)
+
+
+def _write_fair_esm2_here(model, path: Path, torch) -> Path:
+    import argparse as ap
+
     state = model.state_dict()
     body = {("encoder." if k.startswith("lm_head.") else "encoder.sentence_encoder.") + k: v
             for k, v in state.items() if not k.startswith("contact_head.")}
     cfg = ap.Namespace(encoder_layers=model.num_layers, encoder_embed_dim=model.embed_dim,
                        encoder_attention_heads=model.attention_heads, token_dropout=model.token_dropout)
     torch.save({"model": body, "cfg": {"model": cfg}}, path)
-    contact = {"encoder." + k: v for k, v in state.items() if k.startswith("contact_head.")}
-    torch.save({"model": contact}, path.with_name(f"{path.stem}-contact-regression.pt"))
+    torch.save({"model": {k: v for k, v in state.items() if k.startswith("contact_head.")}},
+               path.with_name(f"{path.stem}-contact-regression.pt"))
     return path
 
 

@@ -20,6 +20,7 @@ import torch
 from ptq_protein import read_embeddings
 from ptq_protein.cli.main import main
 from ptq_protein.errors import InputError
+from ptq_protein.models.fair_esm2 import save_fair_esm2
 
 SEQS = {"a": "MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQ", "b": "MENDELKKLLAAGHRW"}
 
@@ -53,23 +54,8 @@ def no_load(monkeypatch):
     monkeypatch.setattr(embed_cmd, "load_model_or_artifact", lambda *a, **k: pytest.fail("the model was loaded"))
 
 
-def _write_fair_esm2(esm2, path: Path) -> Path:
-    """``esm2`` as fair-esm's hub files: NAME.pt and NAME-contact-regression.pt (the contact head apart)."""
-    import argparse
-
-    state = esm2.state_dict()
-    body = {("encoder." if k.startswith("lm_head.") else "encoder.sentence_encoder.") + k: v
-            for k, v in state.items() if not k.startswith("contact_head.")}
-    cfg = argparse.Namespace(encoder_layers=esm2.num_layers, encoder_embed_dim=esm2.embed_dim,
-                             encoder_attention_heads=esm2.attention_heads, token_dropout=esm2.token_dropout)
-    torch.save({"model": body, "cfg": {"model": cfg}}, path)
-    torch.save({"model": {"encoder." + k: v for k, v in state.items() if k.startswith("contact_head.")}},
-               path.with_name(f"{path.stem}-contact-regression.pt"))
-    return path
-
-
 def test_an_edited_contact_head_is_another_model_and_a_path_model_resumes(tmp_path, fasta, esm2, capsys):
-    ckpt, out = _write_fair_esm2(esm2, tmp_path / "m.pt"), tmp_path / "o"
+    ckpt, out = save_fair_esm2(esm2, tmp_path / "m.pt"), tmp_path / "o"
     assert cli(capsys, "embed", ckpt, fasta, "--out", out, "--include", "contacts")[0] == 0
     code, stdout, _ = cli(capsys, "embed", ckpt, fasta, "--out", out, "--include", "contacts")
     assert code == 0 and "embedded 0 sequences" in stdout and "2 already written" in stdout
