@@ -222,6 +222,20 @@ def contact_regression(work: Path):
     return f"{rerun.said()}; contacts vs a fresh run: max diff {diff:.3g}", diff == 0
 
 
+@case("artifact-default-backend", "two artifacts with the same tensors, default backends fake and int8: the second "
+                                  "is refused into the first's folder (outputs of two backends never mixed)")
+def artifact_backend(work: Path):
+    seqs = fasta(work)
+    arts = {b: work / f"art-{b}" for b in ("fake", "int8")}
+    for backend, art in arts.items():
+        cli(work, "quantize", "tiny-esm2", "--preset", "w8a8-dynamic", "--backend", backend, "--check", "0", "--out",
+            art, "--quiet")
+    embed(work, arts["fake"], seqs, work / "o")
+    (work / "o" / "a.pt").unlink()
+    ran = embed(work, arts["int8"], seqs, work / "o")
+    return ran.said(), refused(ran, "model")
+
+
 @case("resume-checkpoint-path", "embed of a checkpoint file, rerun unchanged: resumes (exit 0, nothing computed)")
 def resume_path(work: Path):
     seqs, ckpt = fasta(work), _write_fair_esm2(work / "m.pt")

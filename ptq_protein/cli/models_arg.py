@@ -98,8 +98,9 @@ def model_hint(args: argparse.Namespace, artifact: bool) -> Dict[str, Any]:
 
 
 def artifact_identity(folder: str) -> Dict[str, Any]:
-    """An artifact's tensor digest, recipe and source model, from its recipe.json (verified at load); not its
-    path, so a moved or renamed artifact resumes its folder."""
+    """An artifact's digests (its tensors; its tensor file, which holds the sealed recipe), recipe and source
+    model, from its recipe.json (verified at load); not its path, so a moved or renamed artifact resumes its
+    folder."""
     import json
 
     try:
@@ -108,7 +109,10 @@ def artifact_identity(folder: str) -> Dict[str, Any]:
         raise ValueError(f"{folder}/recipe.json is not readable JSON ({type(err).__name__}); re-run quantize") from err
     if not isinstance(recipe, dict):
         raise ValueError(f"{folder}/recipe.json is not a recipe object; re-run quantize")
-    config, source = recipe.get("config"), recipe.get("model")
+    config, source, files = recipe.get("config"), recipe.get("model"), recipe.get("files")
+    sealed = files.get("model.safetensors") if isinstance(files, dict) else None
     return {"tensors_sha256": recipe.get("tensors_sha256"),
+            # the tensor file's sha256 covers the whole sealed recipe too (scales, bits, default backend)
+            "sha256": sealed.get("sha256") if isinstance(sealed, dict) else None,
             "recipe": config.get("name") if isinstance(config, dict) else None,
             "source": source.get("name") if isinstance(source, dict) else None}

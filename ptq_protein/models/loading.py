@@ -56,6 +56,8 @@ logger = logging.getLogger(__name__)
 
 _TINY_SEED = re.compile(r"(?P<name>[\w-]+)@(?P<seed>\d+)")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".json")
+# besides the weights, what an HF folder's load reads (EsmTokenizer.from_pretrained reads the last four)
+_READ_FILES = ("config.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 
 
 class ModelFamily(str, enum.Enum):
@@ -382,9 +384,9 @@ def _place(loaded: LoadedModel, device, dtype: torch.dtype, fp16_esm: Optional[b
 
 
 def _folder_sha256(folder: Path) -> str:
-    """sha256 of "name sha256" lines for config.json and every weight file in ``folder``."""
+    """sha256 of "name sha256" lines for every file the load reads: config.json, the weights, the tokenizer's."""
     names = sorted(p.name for p in folder.iterdir()
-                   if p.is_file() and (p.name == "config.json" or p.name.startswith(("model", "pytorch_model")))
-                   and p.name.endswith(_WEIGHT_SUFFIXES))
+                   if p.is_file() and (p.name in _READ_FILES or p.name.startswith(("model", "pytorch_model")))
+                   and p.name.endswith(_WEIGHT_SUFFIXES + (".txt",)))
     return listing_sha256([(n, file_sha256(folder / n)) for n in names])
 

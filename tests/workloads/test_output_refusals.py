@@ -20,7 +20,6 @@ import torch
 from ptq_protein import read_embeddings
 from ptq_protein.cli.main import main
 from ptq_protein.errors import InputError
-from ptq_protein.models.fair_esm2 import save_fair_esm2
 
 SEQS = {"a": "MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQ", "b": "MENDELKKLLAAGHRW"}
 
@@ -55,6 +54,8 @@ def no_load(monkeypatch):
 
 
 def test_an_edited_contact_head_is_another_model_and_a_path_model_resumes(tmp_path, fasta, esm2, capsys):
+    from ptq_protein.models.fair_esm2 import save_fair_esm2
+
     ckpt, out = save_fair_esm2(esm2, tmp_path / "m.pt"), tmp_path / "o"
     assert cli(capsys, "embed", ckpt, fasta, "--out", out, "--include", "contacts")[0] == 0
     code, stdout, _ = cli(capsys, "embed", ckpt, fasta, "--out", out, "--include", "contacts")
@@ -173,3 +174,18 @@ def test_a_repeated_id_hint_names_an_option_that_exists(tmp_path, capsys):
     assert one_line(code, err, "'T1085' appears more than once", "--duplicates rename")
     assert cli(capsys, "embed", "tiny-esm2", path, "--out", tmp_path / "o", "--duplicates", "rename")[0] == 0
     assert set(read_embeddings(tmp_path / "o")) == {"T1085", "T1085#2"}
+
+
+def test_an_artifact_is_known_by_its_whole_sealed_file(tmp_path, fasta, capsys):
+    """Same tensors, another default backend (sealed in the recipe): another model, so its outputs are not mixed."""
+    arts = {b: tmp_path / f"art-{b}" for b in ("fake", "int8")}
+    for backend, art in arts.items():
+        assert cli(capsys, "quantize", "tiny-esm2", "--preset", "w8a8-dynamic", "--backend", backend, "--check", "0",
+                   "--out", art)[0] == 0
+    recipes = [json.loads((art / "recipe.json").read_text()) for art in arts.values()]
+    assert recipes[0]["tensors_sha256"] == recipes[1]["tensors_sha256"]  # what the identity held alone
+    out = tmp_path / "o"
+    assert cli(capsys, "embed", arts["fake"], fasta, "--out", out)[0] == 0
+    (out / "a.pt").unlink()
+    code, _, err = cli(capsys, "embed", arts["int8"], fasta, "--out", out)
+    assert one_line(code, err, "model.sha256 differs")
