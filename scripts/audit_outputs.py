@@ -57,12 +57,20 @@ class Ran:
         return f"exit {self.rc}" + (f": {text[:300]}" if text else "")
 
 
+def _memory_cap() -> None:
+    """At most 6 GiB of address space: a read of ``/dev/zero`` fails with MemoryError instead of filling the machine."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+
+
 def cli(work: Path, *args, env: Optional[Dict[str, str]] = None, timeout: float = 300) -> Ran:
-    """``ptq-protein ARGS --quiet`` in ``work``, with this interpreter's ptq-protein."""
+    """``ptq-protein ARGS --quiet`` in ``work``, with this interpreter's ptq-protein (6 GiB of address space)."""
     start = time.perf_counter()
     try:
         done = subprocess.run([sys.executable, "-m", "ptq_protein.cli.main", *map(str, args)], cwd=work,
-                              capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+                              capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+                              preexec_fn=_memory_cap)
     except subprocess.TimeoutExpired:
         return Ran(124, "", f"still running after {timeout:.0f} s (killed)", timeout)
     return Ran(done.returncode, done.stdout, done.stderr, time.perf_counter() - start)

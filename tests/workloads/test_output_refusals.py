@@ -131,10 +131,16 @@ def test_option_refusals_name_the_values(tmp_path, fasta, capsys, monkeypatch):
 
 
 def test_dms_files_are_checked_like_fasta_files(tmp_path):
-    """``/dev/zero`` hung reading forever; run in a child process so a regression cannot hang the suite."""
+    """``/dev/zero`` was read until memory ran out; run in a child process with 6 GiB of address space, so a
+    regression fails the test instead of hanging the suite or filling the machine."""
+    import resource
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+
     done = subprocess.run([sys.executable, "-m", "ptq_protein.cli.main", "score", "tiny-esm2", "--sequence",
                            SEQS["a"], "--dms", "/dev/zero", "--out", str(tmp_path / "s.csv"), "--quiet"],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, preexec_fn=cap)
     assert done.returncode == 2 and "/dev/zero is a device or pipe, not a regular file" in done.stderr
     from ptq_protein.workloads.dms_csv import DMS_SCORE_COLUMN, read_dms
 
