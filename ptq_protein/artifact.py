@@ -51,7 +51,7 @@ from ptq_protein.artifact_seal import (
     plain_file,
     tensors_sha256,
 )
-from ptq_protein.artifact_tensors import read_tensors
+from ptq_protein.artifact_tensors import check_header, read_tensors
 from ptq_protein.calibration.matmul_sites import QuantMatmulHost
 from ptq_protein.calibration.sites import Site, set_module
 from ptq_protein.config import Backend, QuantConfig, SiteKind, TensorQuant
@@ -262,6 +262,7 @@ def _verify(path: Path, recipe: Dict[str, Any]) -> None:
     if file_sha256(file) != expected["sha256"]:
         raise ArtifactError(f"{file} does not match {RECIPE} field files/{TENSORS}/sha256: the artifact was modified "
                             "or corrupted; re-run quantize")
+    check_header(file)
     try:
         with safe_open(str(file), framework="pt") as handle:
             sealed = (handle.metadata() or {}).get(SEAL_KEY)

@@ -18,13 +18,13 @@ import json
 import math
 import struct
 from pathlib import Path
-from typing import Dict, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 
 from ptq_protein.errors import ArtifactError
 
-__all__ = ["read_tensors"]
+__all__ = ["read_tensors", "check_header"]
 
 _DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -51,20 +51,31 @@ def _header(handle, file: Path) -> Tuple[Dict[str, dict], int]:
     return header, 8 + size
 
 
-def _empty(name: str, entry: dict, file: Path) -> Tuple[torch.Tensor, int, int]:
-    """An uninitialised tensor for ``entry`` and its byte range, checked against its dtype and shape."""
+def _entry(name: str, entry: dict, file: Path) -> Tuple[torch.dtype, List[int], int, int]:
+    """(dtype, shape, start, stop) of a header entry, checked: a dtype this loader does not know is named."""
+    if not isinstance(entry, dict) or entry.get("dtype") not in _DTYPES:
+        dtype = entry.get("dtype") if isinstance(entry, dict) else None
+        raise ArtifactError(f"{file}: tensor {name!r} has dtype {dtype!r}, which no ptq-protein artifact holds "
+                            f"(known: {', '.join(_DTYPES)}); the file is corrupt or from another tool: re-run quantize")
     try:
-        dtype = _DTYPES[entry["dtype"]]
         shape = [int(n) for n in entry["shape"]]
         start, stop = (int(n) for n in entry["data_offsets"])
     except (KeyError, TypeError, ValueError) as err:
-        raise ArtifactError(f"{file}: tensor {name!r} has an unreadable or unsupported header entry; "
-                            "re-run quantize") from err
-    tensor = torch.empty(shape, dtype=dtype)
-    if stop - start != math.prod(shape) * tensor.element_size() or start < 0:
+        raise ArtifactError(f"{file}: tensor {name!r} has an unreadable header entry; re-run quantize") from err
+    dtype = _DTYPES[entry["dtype"]]
+    if min(shape, default=0) < 0 or start < 0 or stop - start != math.prod(shape) * dtype.itemsize:
         raise ArtifactError(f"{file}: tensor {name!r} has a byte range that does not fit its dtype and shape; "
                             "re-run quantize")
-    return tensor, start, stop
+    return dtype, shape, start, stop
+
+
+def check_header(file: Path) -> None:
+    """Every header entry of ``file`` checked (dtype, shape, byte range) before safetensors reads it: its own
+    messages for an unknown dtype speak of sub-byte types, not of a damaged artifact."""
+    with open(file, "rb") as handle:
+        header, _ = _header(handle, file)
+    for name, entry in header.items():
+        _entry(name, entry, file)
 
 
 def read_tensors(file: Path) -> Dict[str, torch.Tensor]:
@@ -72,8 +83,9 @@ def read_tensors(file: Path) -> Dict[str, torch.Tensor]:
     tensors: Dict[str, torch.Tensor] = {}
     with open(file, "rb") as handle:
         header, base = _header(handle, file)
-        planned = [(name, *_empty(name, entry, file)) for name, entry in header.items()]  # every entry checked
-        for name, tensor, start, _ in sorted(planned, key=lambda item: item[2]):  # then read in file order
+        planned = [(name, *_entry(name, entry, file)) for name, entry in header.items()]  # every entry checked
+        for name, dtype, shape, start, _ in sorted(planned, key=lambda item: item[3]):  # then read in file order
+            tensor = torch.empty(shape, dtype=dtype)
             handle.seek(base + start)
             _read_into(handle, memoryview(tensor.reshape(-1).view(torch.uint8).numpy()), name, file)
             tensors[name] = tensor

@@ -10,9 +10,9 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Sequence, Tuple, Union
+from typing import Iterable, Sequence, Tuple, Union
 
-__all__ = ["file_sha256", "records_digest", "path_sha256"]
+__all__ = ["file_sha256", "records_digest", "path_sha256", "listing_sha256"]
 
 _CHUNK = 1 << 20  # bytes read at a time
 
@@ -41,5 +41,10 @@ def path_sha256(path: Union[str, os.PathLike]) -> str:
         return file_sha256(path)
     files = sorted(p for p in path.rglob("*") if p.is_file() and not p.is_symlink()
                    and not any(part.startswith(".") for part in p.relative_to(path).parts))
-    listing = "".join(f"{p.relative_to(path).as_posix()} {file_sha256(p)}\n" for p in files)
+    return listing_sha256((p.relative_to(path).as_posix(), file_sha256(p)) for p in files)
+
+
+def listing_sha256(entries: Iterable[Tuple[str, str]]) -> str:
+    """sha256 of ``"name sha256"`` lines: one digest of what was read from several files."""
+    listing = "".join(f"{name} {sha}\n" for name, sha in entries)
     return hashlib.sha256(listing.encode("utf-8")).hexdigest()

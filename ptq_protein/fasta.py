@@ -269,7 +269,8 @@ def _handle_duplicates(records: List[FastaRecord], policy: str, label: str,
         elif policy == "error":
             raise InputError(f"{label}: id {record.id!r} appears more than once (headers on lines "
                              f"{first_line[record.id]} and {line}); ids must be unique "
-                             "(rename the repeats, or pass duplicates='rename' to name them <id>#2, <id>#3, ...)")
+                             "(rename the repeats, or have them named <id>#2, <id>#3, ...: --duplicates rename for "
+                             "embed, fold and eval; duplicates='rename' in Python)")
         else:
             out.append(record._replace(id=f"{record.id}#{count}"))
     renamed = {record.id for record in out}

@@ -1,8 +1,8 @@
 """Safe file and folder writes: nothing already written is lost, half-written or raced over.
 
-- :func:`atomic_write_bytes` / :func:`atomic_write_text`: temp file in the same
-  folder, fsync, rename. The file gets the permissions of any new file (the
-  umask applies), not ``mkstemp``'s private 0600.
+- :func:`atomic_write_bytes` / :func:`atomic_write_text` / :func:`atomic_file`: temp
+  file in the same folder, fsync, rename. The file gets the permissions of any new
+  file (the umask applies), not ``mkstemp``'s private 0600.
 - :func:`atomic_dir`: build a folder beside its destination, then rename it into
   place. Without ``force`` the final rename itself refuses an existing
   destination, so two writers racing to one path cannot both "succeed". With
@@ -45,8 +45,8 @@ from ptq_protein.errors import BusyError, InputError
 
 PathLike = Union[str, os.PathLike]
 
-__all__ = ["public_source", "atomic_write_text", "atomic_write_bytes", "atomic_dir", "check_out_path", "safe_stem",
-           "folder_lock", "file_lock", "LOCK_NAME", "current_umask", "env_flag"]
+__all__ = ["public_source", "atomic_write_text", "atomic_write_bytes", "atomic_file", "atomic_dir", "check_out_path",
+           "safe_stem", "folder_lock", "file_lock", "LOCK_NAME", "current_umask", "env_flag"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,19 +87,33 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
 
     An ``OSError`` (a full disk, a folder that takes no files) names ``path``, not the temp file.
     """
+    with atomic_file(path) as tmp, open(tmp, "wb") as handle:
+        handle.write(data)
+
+
+@contextlib.contextmanager
+def atomic_file(path: PathLike) -> Iterator[Path]:
+    """Yield a temp path beside ``path`` for a writer that wants a file name (h5py); on success it gets the
+    umask's permissions, is synced and renamed to ``path``; on any error it is removed and ``path`` untouched.
+
+    An ``OSError`` names ``path``, not the temp file.
+    """
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         clean_stale_temps(path)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent)
+        os.close(fd)
     except OSError as err:
         raise type(err)(err.errno, err.strerror, str(path)) from err
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fchmod(handle.fileno(), 0o666 & ~current_umask())
-            os.fsync(handle.fileno())
+        yield Path(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fchmod(fd, 0o666 & ~current_umask())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException as err:
         with contextlib.suppress(FileNotFoundError):

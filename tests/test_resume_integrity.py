@@ -137,3 +137,31 @@ def test_a_run_record_from_before_input_digests(tmp_path):
     calib = _fasta(tmp_path / "calib.fa", SEQS)
     with pytest.raises(ValueError, match=r"recorded no digest of its input files \(--calib .*calib\.fa\)"):
         check_run_info(tmp_path, with_input_digests({"command": "eval", "set": "cameo139"}, {"--calib": calib}))
+
+
+def test_a_done_rows_replaced_output_is_redone_and_an_older_table_resumes(tmp_path, capsys):
+    """The row records its file's sha256: another map copied over it (same shape) is redone, not kept. A table of
+    an older release (no output_sha256 column) still resumes."""
+    import numpy as np
+
+    from ptq_protein.cli.main import main
+
+    out = tmp_path / "out"
+    argv = ["eval", "contacts", "--model", "tiny-esm2", "--recipes", "fp", "--set", "cameo139:1", "--quiet",
+            "--out", str(out), "--json"]
+    assert main(argv) == 0
+    (npy,) = (out / "contacts" / "fp").glob("*.npy")
+    original = npy.read_bytes()
+    np.save(npy, np.zeros_like(np.load(npy)))  # another model's map: same name, same shape
+    capsys.readouterr()
+    assert main(argv) == 0
+    counts = json.loads(capsys.readouterr().out)["counts"]
+    assert counts["ok"] == 1 and counts["resumed"] == 0 and npy.read_bytes() == original
+    with open(out / "results.csv", newline="") as handle:
+        rows = [{k: v for k, v in row.items() if k != "output_sha256"} for row in csv.DictReader(handle)]
+    with open(out / "results.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["counts"]["resumed"] == 1

@@ -45,8 +45,8 @@ logger = logging.getLogger(__name__)
 
 _RANGES = ("local", "short", "medium", "long")  # ptq_protein.eval.contacts.SEPARATION_RANGES
 _STATS = ("P@L", "P@L2", "P@L5", "AUC")
-CONTACT_COLUMNS = (("target", "recipe", "status", "length")
-                   + tuple(f"{r}_{s}" for r in _RANGES for s in _STATS) + ("mae_vs_fp", "seconds", "contacts"))
+CONTACT_COLUMNS = (("target", "recipe", "status", "length") + tuple(f"{r}_{s}" for r in _RANGES for s in _STATS)
+                   + ("mae_vs_fp", "seconds", "contacts", "output_sha256"))
 CONTACT_METRICS = (
     MetricSpec("long_P@L", "long-range P@L"),
     MetricSpec("long_P@L5", "long-range P@L5"),

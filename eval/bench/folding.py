@@ -5,18 +5,20 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Dict, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
+from ptq_protein.errors import InputError
 from ptq_protein.eval.bench.fold_budget import FoldRefused, planned_fold
 from ptq_protein.file_reads import read_json
 from ptq_protein.io_utils import atomic_write_text, check_out_path, file_lock, folder_lock, safe_stem
 from ptq_protein.progress import progress as progress_of
+from ptq_protein.run_manifest import RunManifest
 
-__all__ = ["fold_one", "fold_output", "fold_to_pdbs", "require_esmfold", "esmfold_input_notes", "pae_json", "pae_path",
-           "Folded", "FoldRefused"]
+__all__ = ["fold_one", "fold_output", "fold_to_pdbs", "check_fold_folder", "MANIFEST", "require_esmfold",
+           "esmfold_input_notes", "pae_json", "pae_path", "Folded", "FoldRefused"]
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +85,7 @@ def esmfold_input_notes(sequence: str) -> str:
 def fold_to_pdbs(model: nn.Module, records: Sequence[Tuple[str, str]], out_dir: Path,
                  num_recycles: Optional[int] = None, progress: bool = False, force: bool = False,
                  max_memory: Optional[int] = None, refused: Optional[Dict[str, str]] = None,
-                 shard_tag: Optional[str] = None) -> Dict[str, Folded]:
+                 shard_tag: Optional[str] = None, identity: Optional[Mapping[str, Any]] = None) -> Dict[str, Folded]:
     """Fold each (id, sequence), write one PDB (and its PAE, :func:`pae_json`) each atomically; returns
     {id: :class:`Folded`}.
 
@@ -99,10 +101,16 @@ def fold_to_pdbs(model: nn.Module, records: Sequence[Tuple[str, str]], out_dir: 
     ``shard_tag`` (``K-of-N``): this run folds one share of a FASTA beside the others' runs
     into the same folder; each shard holds its own lock, and the index is updated under a
     short shared lock (re-read, one entry added), so concurrent shards keep every entry.
+
+    ``identity`` (the CLI's: model, options, FASTA digest) is recorded in ``fold_run.json``
+    by the first run into the folder and compared by every later one (another shard, a
+    ``--force`` rerun): folds of another model, seed or option are refused, never mixed.
     """
     require_esmfold(model)
     out_dir = Path(out_dir)
     check_out_path(out_dir / INDEX_NAME, force=True, what="folder")  # a usable folder, not under a file
+    if identity is not None:
+        check_fold_folder(out_dir, identity)
     index_path = out_dir / INDEX_NAME
     index = _read_index(index_path)
     paths = {seq_id: out_dir / f"{safe_stem(seq_id)}.pdb" for seq_id, _ in records}
@@ -114,6 +122,8 @@ def fold_to_pdbs(model: nn.Module, records: Sequence[Tuple[str, str]], out_dir: 
             hint += ", or pass --force to replace PDBs an earlier fold wrote"
         raise FileExistsError(f"{clash[0]} already exists ({len(clash)} PDB file(s) in the way); {hint}")
     out_dir.mkdir(parents=True, exist_ok=True)
+    if identity is not None:
+        _manifest(out_dir).bind(identity)
     held = folder_lock(out_dir) if shard_tag is None else \
         file_lock(out_dir / f".fold-{shard_tag}.lock", wait=False, purpose=f"shard {shard_tag} of {out_dir}")
     with held:  # one fold per folder (or per shard of it) at a time
@@ -166,6 +176,21 @@ def _mean_plddt(output: Dict[str, torch.Tensor]) -> float:
 
 
 INDEX_NAME = "fold_index.json"
+MANIFEST = "fold_run.json"
+
+
+def _manifest(out_dir: Path) -> RunManifest:
+    return RunManifest(out_dir, MANIFEST, "ptq-protein fold", "folds")
+
+
+def check_fold_folder(out_dir: Path, identity: Mapping[str, Any],
+                      model_hint: Optional[Mapping[str, Any]] = None) -> None:
+    """Refuse a folder whose folds another run made (``fold_run.json`` differs from ``identity``; ``model_hint``:
+    the part of the model's identity known before it loads), or whose index no identity vouches for."""
+    if not _manifest(out_dir).check(identity, model_hint) and (out_dir / INDEX_NAME).exists():
+        raise InputError(f"--out {out_dir} holds folds of a run that recorded no identity ({INDEX_NAME} without "
+                         f"{MANIFEST}: an older ptq-protein), so they could be another model's; choose a new --out "
+                         "folder")
 
 
 def _record(index_path: Path, seq_id: str, name: str) -> None:

@@ -18,6 +18,10 @@ mixing rows from two protocols in one table would silently corrupt the summary.
 A run that failed before scoring anything may be rerun with other settings
 (its ``run.json`` is replaced, with a warning).
 
+A row's output file (``pdb``, ``contacts`` or ``variants``: its path in the folder) is
+recorded with its sha256 (``output_sha256``); the runner redoes a row whose file is
+missing, damaged or replaced (another model's file copied in).
+
 Validation on open: a row with missing or extra cells (a truncated line), an
 unknown status, an empty key, a non-numeric or non-finite metric in an ``ok``
 row, or an ``ok`` row without one of the task's ``required`` metrics is
@@ -52,7 +56,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 from ptq_protein.file_reads import read_csv, read_json
 from ptq_protein.io_utils import atomic_write_text, file_lock
 
-__all__ = ["KEY_COLUMNS", "STATUS_OK", "ResultsStore", "check_run_info", "is_done"]
+__all__ = ["KEY_COLUMNS", "STATUS_OK", "OUTPUT_COLUMNS", "OUTPUT_DIGEST", "ResultsStore", "check_run_info", "is_done"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +64,9 @@ KEY_COLUMNS = ("target", "recipe")
 STATUS_OK = "ok"
 _DONE_PREFIXES = (STATUS_OK, "skipped")
 _STATUS_PREFIXES = (STATUS_OK, "skipped", "error")
-TEXT_COLUMNS = ("pdb", "contacts", "variants")  # non-numeric cells besides the key and status (output file paths)
+OUTPUT_COLUMNS = ("pdb", "contacts", "variants")  # a row's output file (its path inside the folder)
+OUTPUT_DIGEST = "output_sha256"  # that file's sha256 when written: a replaced or damaged output is redone
+TEXT_COLUMNS = OUTPUT_COLUMNS + (OUTPUT_DIGEST,)  # non-numeric cells besides the key and status
 RUN_INFO_NAME = "run.json"
 INPUTS_KEY = "inputs"  # run.json field: {"<argument> <path>": sha256} of every input file (see input_digests)
 
@@ -170,7 +176,9 @@ class ResultsStore:
             return {}, ["the table is empty (a truncated file?); starting it again"]
         header, table = read_csv(text, str(self.path), "fix that row, or give a new --out folder")
         header = tuple(header)
-        if header != self.columns:
+        if header == tuple(c for c in self.columns if c != OUTPUT_DIGEST) != self.columns:  # an older release's
+            table = [{**row, OUTPUT_DIGEST: ""} for row in table]  # rows without digests: files checked by presence
+        elif header != self.columns:
             raise ValueError(f"{self.path} has columns {list(header)}, not the {list(self.columns)} this command "
                              "writes; give a new --out folder (or delete the old table)")
         rows: Dict[Key, Dict[str, str]] = {}

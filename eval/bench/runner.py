@@ -22,8 +22,16 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 from torch import nn
 
 from ptq_protein.data.sets import BenchmarkSet, Target
+from ptq_protein.digests import file_sha256
 from ptq_protein.eval.bench.distributed import SINGLE, Ranks
-from ptq_protein.eval.bench.results_store import STATUS_OK, TEXT_COLUMNS, ResultsStore, check_run_info, is_done
+from ptq_protein.eval.bench.results_store import (
+    OUTPUT_COLUMNS,
+    OUTPUT_DIGEST,
+    STATUS_OK,
+    ResultsStore,
+    check_run_info,
+    is_done,
+)
 from ptq_protein.eval.tmscore import TMNormalize
 from ptq_protein.io_utils import check_out_path, folder_lock, safe_stem
 from ptq_protein.models.adapters import ESM2_MAX_RESIDUES, get_adapter
@@ -247,15 +255,21 @@ def prediction_path(out_dir: Path, kind: str, recipe: str, target_id: str, suffi
 
 
 def _pending(store: ResultsStore, recipe: str, target: Target, cap: int) -> bool:
-    """Not done yet, skipped by a smaller length cap than this run's, or its recorded output file is gone."""
+    """Not done yet, skipped by a smaller length cap than this run's, or its recorded output file is gone, or
+    differs from the digest recorded with it (damaged, or another run's file copied in)."""
     row = store.get(recipe, target.id)
     if row is None or not store.is_done(recipe, target.id):
         return True
-    missing = [row[c] for c in TEXT_COLUMNS if row.get(c) and not _inside(store.path.parent, row[c])]
-    if missing and row["status"] == STATUS_OK:
-        logger.warning("%s: output %s of target %s is missing (or not a file inside the folder); redoing it",
-                       recipe, missing[0], target.id)
-        return True
+    output = next((row[c] for c in OUTPUT_COLUMNS if row.get(c)), None)
+    if output and row["status"] == STATUS_OK:
+        if not _inside(store.path.parent, output):
+            logger.warning("%s: output %s of target %s is missing (or not a file inside the folder); redoing it",
+                           recipe, output, target.id)
+            return True
+        if row.get(OUTPUT_DIGEST) and file_sha256(store.path.parent / output) != row[OUTPUT_DIGEST]:
+            logger.warning("%s: output %s of target %s differs from the file this row was computed with (damaged "
+                           "or replaced); redoing it", recipe, output, target.id)
+            return True
     return row["status"].startswith(_LENGTH_SKIP) and target.length <= cap
 
 
@@ -299,6 +313,9 @@ def _run_one(model: nn.Module, recipe: str, target: Target, store: ResultsStore,
                        type(e).__name__, e)
         store.put({**base, "status": f"error: {type(e).__name__}: {' '.join(str(e).split())[:200]}"})
         return "error"
+    output = next((metrics[c] for c in OUTPUT_COLUMNS if metrics.get(c)), None)
+    if output and OUTPUT_DIGEST in store.columns:  # what the row was computed with: checked on resume
+        metrics[OUTPUT_DIGEST] = file_sha256(store.path.parent / output)
     store.put({**base, **metrics, "status": STATUS_OK, "seconds": time.perf_counter() - start})
     return "ok"
 

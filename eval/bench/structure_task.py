@@ -45,7 +45,8 @@ __all__ = ["STRUCTURE_COLUMNS", "STRUCTURE_METRICS", "evaluate_structure", "scor
 logger = logging.getLogger(__name__)
 
 STRUCTURE_COLUMNS = ("target", "recipe", "status", "length", "tm_score", "gdt_ts", "gdt_ha", "rmsd", "lddt",
-                     "plddt", "n_aligned", "native_length", "tm_fidelity", "rmsd_vs_fp", "seconds", "pdb")
+                     "plddt", "n_aligned", "native_length", "tm_fidelity", "rmsd_vs_fp", "seconds", "pdb",
+                     "output_sha256")
 # The headline metric comes first (summary table with bootstrap interval, and the plot).
 STRUCTURE_METRICS = (
     MetricSpec("tm_score", "TM-score vs native"),

@@ -56,7 +56,7 @@ __all__ = ["VARIANT_COLUMNS", "VariantOptions", "evaluate_variants", "variant_me
 logger = logging.getLogger(__name__)
 
 VARIANT_COLUMNS = ("target", "recipe", "status", "length", "spearman_vs_dms", "n_dms", "spearman_vs_fp", "seconds",
-                   "variants")
+                   "variants", "output_sha256")
 _VS_DMS = MetricSpec("spearman_vs_dms", "Spearman vs DMS_score", limits=(-1.0, 1.0))
 _VS_FP = MetricSpec("spearman_vs_fp", "Spearman vs FP scores", compare_to_fp=False, limits=None)
 

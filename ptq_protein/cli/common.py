@@ -18,6 +18,12 @@ def add_runtime_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bars, warnings only")
 
 
+def add_duplicates_option(parser: argparse.ArgumentParser) -> None:
+    """--duplicates, for commands that read a FASTA of many sequences (embed, fold)."""
+    parser.add_argument("--duplicates", choices=["error", "rename"], default="error",
+                        help="a repeated FASTA id: refuse the file (default), or rename the k-th repeat <id>#k")
+
+
 def add_json_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of a table")
 

@@ -5,14 +5,20 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ptq_protein.cli.common import add_runtime_options, memory_size, resolve_device, show_progress
+from ptq_protein.cli.common import (
+    add_duplicates_option,
+    add_runtime_options,
+    memory_size,
+    resolve_device,
+    show_progress,
+)
 from ptq_protein.cli.models_arg import (
     MODEL_HELP,
     add_backend_option,
     add_model_options,
-    artifact_identity,
     check_model_or_artifact,
     load_model_or_artifact,
+    model_hint,
 )
 
 EXAMPLES = """examples:
@@ -51,6 +57,7 @@ def register(subparsers) -> None:
                                                   "each rank takes its share without it")
     p.add_argument("--max-memory", metavar="SIZE", type=memory_size,
                    help="memory the run may use, e.g. 8G (default: what this machine has available)")
+    add_duplicates_option(p)
     add_backend_option(p)
     add_model_options(p)
     add_runtime_options(p)
@@ -58,6 +65,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ptq_protein.workflows.memory_budget import resident_bytes
+    from ptq_protein.workloads.embed_memory import check_budget
     from ptq_protein.workloads.embed_options import EmbedOptions
     from ptq_protein.workloads.embed_run import EmbedRun, fasta_labels
     from ptq_protein.workloads.shards import choose_shard, rank_device
@@ -72,9 +81,9 @@ def run(args: argparse.Namespace) -> int:
     artifact = check_model_or_artifact(args, "embed")
     shard = choose_shard(args.shard)
     device = rank_device(resolve_device(args.device))
-    hint = artifact_identity(args.model) if artifact else {"name": args.model}
-    job = EmbedRun(fasta_labels(args.fasta), args.out, options, shard,
-                   {"backend": args.backend, "dtype": args.dtype or "float32"}, model_hint=hint)
+    check_budget(max_memory, resident_bytes(), "before loading the model")
+    job = EmbedRun(fasta_labels(args.fasta, args.duplicates), args.out, options, shard,
+                   {"backend": args.backend, "dtype": args.dtype or "float32"}, model_hint=model_hint(args, artifact))
     model, identity = load_model_or_artifact(args, artifact, device)
     report = job.run(model, identity, max_memory, show_progress=show_progress(args))
     _summary(report, args.out, shard)

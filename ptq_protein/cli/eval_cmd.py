@@ -11,6 +11,7 @@ from typing import Any, Dict
 from ptq_protein.cli.common import (
     add_batch_size_option,
     add_calib_crop_option,
+    add_duplicates_option,
     add_json_option,
     add_runtime_options,
     add_tm_normalize_option,
@@ -86,6 +87,7 @@ def _add_common(p: argparse.ArgumentParser, default_recipes: str) -> None:
     p.add_argument("--targets", metavar="ID,...", help="only these target ids (in this order)")
     p.add_argument("--max-length", type=int, metavar="L",
                    help="length cap: longer targets are recorded as skipped (default: the model's limit, 1022)")
+    add_duplicates_option(p)
     add_batch_size_option(p)
     add_calib_crop_option(p)
     add_model_options(p)
@@ -170,7 +172,7 @@ def _label_logs(ranks) -> None:
 def _select(args: argparse.Namespace):
     from ptq_protein.data.sets import load_set
 
-    bench = load_set(args.set_spec)
+    bench = load_set(args.set_spec, duplicates=args.duplicates)
     if args.targets:
         bench = bench.select([t.strip() for t in args.targets.split(",") if t.strip()])
     if args.limit is not None:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ptq_protein.cli.common import (
+    add_duplicates_option,
     add_json_option,
     add_runtime_options,
     memory_size,
@@ -15,7 +16,13 @@ from ptq_protein.cli.common import (
     resolve_device,
     show_progress,
 )
-from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, is_artifact, load_float_model
+from ptq_protein.cli.models_arg import (
+    MODEL_HELP,
+    add_model_options,
+    check_model_or_artifact,
+    load_model_or_artifact,
+    model_hint,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +59,7 @@ def register(subparsers) -> None:
                                                   "share without it")
     p.add_argument("--force", action="store_true",
                    help="replace PDBs an earlier fold wrote into --out (other files are never replaced)")
+    add_duplicates_option(p)
     add_model_options(p)
     add_runtime_options(p)
     add_json_option(p)
@@ -59,7 +67,9 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ptq_protein.eval.bench.folding import fold_to_pdbs, require_esmfold
+    from ptq_protein import __version__
+    from ptq_protein.digests import records_digest
+    from ptq_protein.eval.bench.folding import check_fold_folder, fold_to_pdbs, require_esmfold
     from ptq_protein.fasta import read_fasta
     from ptq_protein.io_utils import check_out_path
     from ptq_protein.models.adapters import ESM2_MAX_RESIDUES, ESM_ALPHABET_LETTERS
@@ -68,34 +78,31 @@ def run(args: argparse.Namespace) -> int:
     max_memory = args.max_memory  # bytes (parsed by memory_size)
     check_out_path(Path(args.out), force=True, what="folder")  # refused before the model loads
     changes: dict = {}
-    records = read_fasta(Path(args.fasta), alphabet=ESM_ALPHABET_LETTERS, changes=changes)  # no length cap
+    records = read_fasta(Path(args.fasta), alphabet=ESM_ALPHABET_LETTERS, changes=changes,
+                         duplicates=args.duplicates)  # no length cap
     for seq_id, seq in records:
         if len(seq) > ESM2_MAX_RESIDUES:  # folded (memory permitting), with one line saying what it means
             logger.warning("%s: %d residues; ESMFold's language model was trained on at most %d, so accuracy "
                            "beyond that is not established: folding it anyway", seq_id, len(seq), ESM2_MAX_RESIDUES)
     shard = choose_shard(args.shard)
+    artifact = check_model_or_artifact(args, "fold")
+    identity = {"tool": "ptq-protein fold", "format_version": 1, "fasta_sha256": records_digest(records),
+                "options": {"num_recycles": args.num_recycles, "pair_bits": args.pair_bits,
+                            "dtype": args.dtype or "float32"}}
+    check_fold_folder(Path(args.out), identity, model_hint(args, artifact))  # another run's folder: refused now
     records = [records[i] for i in shard.select([len(seq) for _, seq in records])]
     notes = _input_notes(records, changes)
-    device = rank_device(resolve_device(args.device))
-    if is_artifact(args.model):
-        import ptq_protein as pp
-
-        given = [o for o, v in (("--weights", args.weights), ("--dtype", args.dtype)) if v is not None]
-        if given:
-            raise ValueError(f"{' and '.join(given)} cannot apply to an artifact ({args.model} carries its own "
-                             "weights and dtypes); drop the option, or fold the float model instead")
-        model = pp.load(args.model, device=device)
-    else:
-        model = load_float_model(args, args.model, device=device).model
+    model, model_identity = load_model_or_artifact(args, artifact, rank_device(resolve_device(args.device)))
     require_esmfold(model)
     if args.pair_bits is not None:
         from ptq_protein.nn.pair_int8 import use_pair_int8
 
         use_pair_int8(model, args.pair_bits)
     refused: dict = {}
+    identity["model"] = {**model_identity, "ptq_protein": __version__.split("+")[0]}
     written = fold_to_pdbs(model, records, Path(args.out), args.num_recycles, progress=show_progress(args),
                            force=args.force, max_memory=max_memory, refused=refused,
-                           shard_tag=None if shard.count == 1 else shard.tag)
+                           shard_tag=None if shard.count == 1 else shard.tag, identity=identity)
     _report(args, model, written, refused, notes)
     return 2 if refused else 0
 

@@ -56,12 +56,15 @@ def is_artifact(path: str) -> bool:
 
 def check_model_or_artifact(args: argparse.Namespace, command: str) -> bool:
     """True for an artifact folder; refuses options that cannot apply to what ``args.model`` is (before it loads)."""
+    backend = getattr(args, "backend", None)  # fold has no --backend
     if is_artifact(args.model):
-        if args.weights is not None:
-            raise ValueError(f"--weights cannot apply to an artifact ({args.model} carries its own weights); drop "
-                             f"the option, or {command} with the float model instead")
+        given = [o for o, v in (("--weights", args.weights), ("--dtype", args.dtype if command == "fold" else None))
+                 if v is not None]
+        if given:
+            raise ValueError(f"{' and '.join(given)} cannot apply to an artifact ({args.model} carries its own "
+                             f"weights and dtypes); drop the option, or {command} with the float model instead")
         return True
-    if args.backend is not None:
+    if backend is not None:
         raise ValueError(f"--backend applies to artifacts; {args.model} is a float model (drop --backend, or "
                          "quantize it first)")
     return False
@@ -72,7 +75,7 @@ def load_model_or_artifact(args: argparse.Namespace, artifact: bool, device: str
     if artifact:
         import ptq_protein as pp
 
-        model = pp.load(args.model, device=device, backend=args.backend)
+        model = pp.load(args.model, device=device, backend=getattr(args, "backend", None))
         if args.dtype:  # the parts kept in floating point (attention, LayerNorm, heads); codes and scales unchanged
             import torch
 
@@ -83,12 +86,30 @@ def load_model_or_artifact(args: argparse.Namespace, artifact: bool, device: str
 
     use_fast_float_(loaded.model)  # embed and score only read outputs: attention as one SDPA call, one-pass GELU
     return loaded.model, {"name": loaded.name, "sha256": loaded.source_sha256, "recipe": "fp",
-                          "source": loaded.source if loaded.source.startswith("tiny:") else Path(loaded.source).name}
+                          "source": _shown_source(loaded.source)}
+
+
+def _shown_source(source: str) -> str:
+    """A float model's source as an output records it: a tiny model's seed, a file's name (never a local path)."""
+    return source if source.startswith("tiny:") else Path(source).name
+
+
+def model_hint(args: argparse.Namespace, artifact: bool) -> Dict[str, Any]:
+    """What an output folder's identity records of the model that is known before loading it: an artifact's
+    digests, a float model's name and source (as the load will record them; no weights are read)."""
+    if artifact:
+        return artifact_identity(args.model)
+    from ptq_protein.models.loading import recorded_source
+
+    seed = args.seed if str(args.model).startswith("tiny-") else None  # as load_float_model passes it
+    name, source = recorded_source(args.model, getattr(args, "weights", None), seed)
+    return {"name": name, "source": _shown_source(source)}
 
 
 def artifact_identity(folder: str) -> Dict[str, Any]:
-    """An artifact's tensor digest, recipe and source model, from its recipe.json (verified at load); not its
-    path, so a moved or renamed artifact resumes its folder."""
+    """An artifact's digests (its tensors; its tensor file, which holds the sealed recipe), recipe and source
+    model, from its recipe.json (verified at load); not its path, so a moved or renamed artifact resumes its
+    folder."""
     import json
 
     try:
@@ -97,7 +118,10 @@ def artifact_identity(folder: str) -> Dict[str, Any]:
         raise ValueError(f"{folder}/recipe.json is not readable JSON ({type(err).__name__}); re-run quantize") from err
     if not isinstance(recipe, dict):
         raise ValueError(f"{folder}/recipe.json is not a recipe object; re-run quantize")
-    config, source = recipe.get("config"), recipe.get("model")
+    config, source, files = recipe.get("config"), recipe.get("model"), recipe.get("files")
+    sealed = files.get("model.safetensors") if isinstance(files, dict) else None
     return {"tensors_sha256": recipe.get("tensors_sha256"),
+            # the tensor file's sha256 covers the whole sealed recipe too (scales, bits, default backend)
+            "sha256": sealed.get("sha256") if isinstance(sealed, dict) else None,
             "recipe": config.get("name") if isinstance(config, dict) else None,
             "source": source.get("name") if isinstance(source, dict) else None}

@@ -277,12 +277,12 @@ def _model_info(args: argparse.Namespace, loaded) -> dict:
     if loaded is not None:
         return {"name": loaded.name, "family": loaded.family, "source": str(loaded.source),
                 "source_sha256": loaded.source_sha256}
-    from ptq_protein.models.checkpoints import file_sha256
     from ptq_protein.models.loading import locate_weights
+    from ptq_protein.models.resolve import weights_sha256
 
     path = locate_weights(args.model, args.weights).resolve()
     name = path.stem if Path(args.model).exists() else args.model
-    return {"name": name, "family": "fair-esm", "source": str(path), "source_sha256": file_sha256(path)}
+    return {"name": name, "family": "fair-esm", "source": str(path), "source_sha256": weights_sha256(path)}
 
 
 def _summary(qmodel, out: Path, recipe: str, model_name: str) -> dict:

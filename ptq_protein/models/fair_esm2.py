@@ -22,7 +22,7 @@ import torch
 from ptq_protein.errors import InputError
 from ptq_protein.models.esmfold_convert import load_checked
 
-__all__ = ["esm2_skeleton", "fair_esm2_state", "fill_missing_regression", "load_fair_esm2"]
+__all__ = ["esm2_skeleton", "fair_esm2_state", "fill_missing_regression", "load_fair_esm2", "save_fair_esm2"]
 
 _FAIR_PREFIXES = re.compile(r"^(encoder\.sentence_encoder\.|encoder\.)")  # fair-esm's upgrade_state_dict
 _REGRESSION = ("contact_head.regression.weight", "contact_head.regression.bias")
@@ -76,3 +76,27 @@ def load_fair_esm2(data: Dict[str, Any], regression: Optional[Dict[str, Any]], p
     # file's lm_head.weight (loaded last), so tie them to that tensor.
     model.embed_tokens.weight = model.lm_head.weight
     return model.eval(), alphabet
+
+
+def save_fair_esm2(model: torch.nn.Module, path: Path, regression: str = "separate") -> Path:
+    """Save an ``ESM2`` as fair-esm's hub files hold one (tests and demos: a checkpoint to load by path).
+
+    ``path``: ``NAME.pt``, ``{"model": {"encoder.sentence_encoder.<k>" / "encoder.lm_head.<k>": tensor},
+    "cfg": {"model": Namespace(encoder_layers, encoder_embed_dim, encoder_attention_heads, token_dropout)}}``;
+    ``regression``: the contact head in ``NAME-contact-regression.pt`` beside it (``"separate"``, as published),
+    in ``NAME.pt`` (``"inline"``) or nowhere (``"none"``).
+    """
+    import argparse
+
+    state = model.state_dict()
+    contact = {k: v for k, v in state.items() if k.startswith("contact_head.")}
+    body = {("encoder." if k.startswith(("lm_head.", "contact_head.")) else "encoder.sentence_encoder.") + k: v
+            for k, v in state.items() if regression == "inline" or not k.startswith("contact_head.")}
+    cfg = argparse.Namespace(encoder_layers=model.num_layers, encoder_embed_dim=model.embed_dim,
+                             encoder_attention_heads=model.attention_heads, token_dropout=model.token_dropout)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": body, "cfg": {"model": cfg}}, path)
+    if regression == "separate":
+        torch.save({"model": contact}, path.with_name(f"{path.stem}-contact-regression.pt"))
+    return path

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
-import hashlib
 import logging
 import os
 import re
@@ -33,6 +32,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ptq_protein.digests import listing_sha256
 from ptq_protein.errors import InputError
 from ptq_protein.fasta import ESM2_MAX_RESIDUES, ESM_AMINO_ACIDS, validate_sequence
 from ptq_protein.models import resolve
@@ -57,6 +57,8 @@ logger = logging.getLogger(__name__)
 
 _TINY_SEED = re.compile(r"(?P<name>[\w-]+)@(?P<seed>\d+)")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".json")
+# besides the weights, what an HF folder's load reads (EsmTokenizer.from_pretrained reads the last four)
+_READ_FILES = ("config.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 
 
 class ModelFamily(str, enum.Enum):
@@ -73,8 +75,9 @@ class LoadedModel:
 
     ``source`` is the absolute path of the file or folder read, or ``"tiny:<name>:seed=<n>"``;
     ``source_sha256`` is the sha256 of the weights file (for a folder: of a
-    listing of its config and weight files' hashes), or None for tiny models or
-    when hashing was turned off. ``max_length`` is the longest accepted
+    listing of its config and weight files' hashes; for a fair-esm ESM-2 file
+    with its ``-contact-regression.pt``: of both, :func:`~ptq_protein.models.resolve.weights_sha256`), or
+    None for tiny models or when hashing was turned off. ``max_length`` is the longest accepted
     sequence (1022 for ESM-2 language models; None for ESMFold).
     """
 
@@ -171,6 +174,28 @@ def load_model(name_or_path: Union[str, os.PathLike], weights: Optional[Union[st
 # --- resolution ----------------------------------------------------------------
 
 
+def recorded_source(name_or_path: Union[str, os.PathLike], weights: Optional[Union[str, os.PathLike]] = None,
+                    seed: Optional[int] = None) -> Tuple[str, str]:
+    """(``name``, ``source``) that :func:`load_model` records for these arguments, without reading any weights
+    (what an output folder's identity holds, compared before a rerun loads the model)."""
+    name = str(name_or_path)
+    tiny = _TINY_SEED.fullmatch(name)
+    if tiny and tiny.group("name") in TINY_MODELS:
+        name, seed = tiny.group("name"), int(tiny.group("seed"))
+    if weights is None and name in TINY_MODELS:
+        return name, _tiny_source(name, 0 if seed is None else seed)
+    path = _locate(name, weights)
+    return _label(name, path), str(path)
+
+
+def _tiny_source(name: str, seed: int) -> str:
+    return f"tiny:{name}:seed={seed}"
+
+
+def _label(name: str, path: Path) -> str:
+    return path.stem if Path(name).expanduser().absolute() == path else name
+
+
 def locate_weights(name_or_path: Union[str, os.PathLike], weights: Optional[Union[str, os.PathLike]] = None
                    ) -> Optional[Path]:
     """The file or folder :func:`load_model` would read, without reading it (None for tiny models)."""
@@ -231,7 +256,7 @@ def _search(name: str, order: Sequence[Tuple[Optional[str], Optional[str]]]) -> 
 def _load_tiny(name: str, seed: int) -> LoadedModel:
     model, vocab, spec = build_tiny(name, seed=seed)
     max_length = None if spec.family == ModelFamily.HF_ESMFOLD.value else ESM2_MAX_RESIDUES
-    return LoadedModel(model, vocab, spec.family, name, f"tiny:{name}:seed={seed}", None, max_length)
+    return LoadedModel(model, vocab, spec.family, name, _tiny_source(name, seed), None, max_length)
 
 
 def _load_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: bool, mmap: bool) -> LoadedModel:
@@ -242,7 +267,7 @@ def _load_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: 
 
 
 def _read_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: bool, mmap: bool) -> LoadedModel:
-    label = path.stem if Path(name).expanduser().absolute() == path else name
+    label = _label(name, path)
     if path.is_dir():
         if not resolve.is_hf_folder(path):
             if (path / "recipe.json").is_file():  # a fair-esm artifact: not a model folder of any kind
@@ -267,6 +292,7 @@ def _read_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: 
     model, alphabet = _load_fair_esm(label, path, data, allow_pickle)
     if mmap:
         attach_mapping(model, state.values())
+    digest = resolve.weights_sha256(path, digest) if hash_weights else None  # + the contact head's file it read
     return LoadedModel(model, alphabet, ModelFamily.FAIR_ESM, label, str(path), digest, ESM2_MAX_RESIDUES)
 
 
@@ -274,7 +300,7 @@ def _load_fair_esm(name: str, path: Path, data: dict, allow_pickle: bool):
     """fair-esm's own loader on already-read data (+ contact regression file beside it, if any)."""
     import esm
 
-    regression_path = path.with_name(f"{path.stem}-contact-regression.pt")
+    regression_path = resolve.contact_regression_path(path)
     regression = None
     if regression_path.is_file():
         regression = load_torch_checkpoint(regression_path, allow_pickle=allow_pickle)
@@ -360,9 +386,9 @@ def _place(loaded: LoadedModel, device, dtype: torch.dtype, fp16_esm: Optional[b
 
 
 def _folder_sha256(folder: Path) -> str:
-    """sha256 of "name sha256" lines for config.json and every weight file in ``folder``."""
+    """sha256 of "name sha256" lines for every file the load reads: config.json, the weights, the tokenizer's."""
     names = sorted(p.name for p in folder.iterdir()
-                   if p.is_file() and (p.name == "config.json" or p.name.startswith(("model", "pytorch_model")))
-                   and p.name.endswith(_WEIGHT_SUFFIXES))
-    listing = "".join(f"{n} {file_sha256(folder / n)}\n" for n in names)
-    return hashlib.sha256(listing.encode("utf-8")).hexdigest()
+                   if p.is_file() and (p.name in _READ_FILES or p.name.startswith(("model", "pytorch_model")))
+                   and p.name.endswith(_WEIGHT_SUFFIXES + (".txt",)))
+    return listing_sha256([(n, file_sha256(folder / n)) for n in names])
+

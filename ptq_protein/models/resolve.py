@@ -23,6 +23,7 @@ from typing import Iterable, List, Optional, Sequence
 
 import torch
 
+from ptq_protein.digests import file_sha256, listing_sha256
 from ptq_protein.errors import InputError, MissingWeightsError
 
 __all__ = [
@@ -37,6 +38,8 @@ __all__ = [
     "hf_repo_folder",
     "is_hf_folder",
     "fair_checkpoint_files",
+    "contact_regression_path",
+    "weights_sha256",
     "missing_weights",
 ]
 
@@ -121,5 +124,21 @@ def missing_weights(name: str, files: Sequence[str], folders: Iterable[Path]) ->
 
 def fair_checkpoint_files(name: str) -> List[Path]:
     """[<name>.pt, <name>-contact-regression.pt] in the torch hub checkpoints folder."""
-    folder = torch_checkpoints_dir()
-    return [folder / f"{name}.pt", folder / f"{name}-contact-regression.pt"]
+    main = torch_checkpoints_dir() / f"{name}.pt"
+    return [main, contact_regression_path(main)]
+
+
+def contact_regression_path(path: Path) -> Path:
+    """``NAME-contact-regression.pt`` beside a fair-esm ``NAME.pt``: the contact head's weights, read with it."""
+    return path.with_name(f"{path.stem}-contact-regression.pt")
+
+
+def weights_sha256(path: Path, file_digest: Optional[str] = None) -> str:
+    """The digest of what a fair-esm ESM-2 model reads: the file's sha256 alone, or, with its
+    ``-contact-regression.pt`` beside it, the sha256 of "weights SHA" and "contact-regression SHA" lines,
+    so that an edit of either changes the model's identity (``file_digest``: the file's, if computed)."""
+    digest = file_digest or file_sha256(path)
+    regression = contact_regression_path(path)
+    if not regression.is_file():
+        return digest
+    return listing_sha256([("weights", digest), ("contact-regression", file_sha256(regression))])

@@ -28,7 +28,7 @@ def calibration_records(calibration: CalibrationArg, why: str = "static activati
         if Path(text).exists():
             from ptq_protein.fasta import read_fasta
 
-            return list(read_fasta(Path(text)))
+            return list(read_fasta(Path(text), duplicates="rename"))  # calibration reads no ids
         from ptq_protein.data.sets import load_set
 
         bench = load_set(text)

@@ -38,6 +38,7 @@ from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.checkpoints import load_torch_checkpoint
 from ptq_protein.models.fair_esm2 import esm2_skeleton, fair_esm2_state, fill_missing_regression
 from ptq_protein.models.mapped import MappedFile, trim_heap
+from ptq_protein.models.resolve import contact_regression_path
 from ptq_protein.nn.convert import swap_modules_
 from ptq_protein.nn.special_tokens import apply_special_tokens_
 from ptq_protein.passes.fit_activations import fit_activation_quantizers
@@ -162,5 +163,5 @@ def _embed(model: nn.Module, tokens: torch.Tensor):
 
 
 def _regression_beside(path: Path, allow_pickle: bool):
-    regression = path.with_name(f"{path.stem}-contact-regression.pt")
+    regression = contact_regression_path(path)
     return load_torch_checkpoint(regression, allow_pickle=allow_pickle) if regression.is_file() else None

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import List, Sequence, Tuple, Union
 
 from ptq_protein.errors import InputError
+from ptq_protein.file_reads import regular_file
 
 __all__ = ["DmsTable", "read_dms", "scores_csv", "DMS_SCORE_COLUMN"]
 
@@ -55,7 +56,7 @@ def read_dms(path: Union[str, Path], mutation_col: str = "mutant", require: Sequ
     ``require``: further columns that must exist (e.g. :data:`DMS_SCORE_COLUMN`).
     """
     try:
-        text = Path(path).read_text(encoding="utf-8-sig")
+        text = regular_file(path, "DMS file").read_text(encoding="utf-8-sig")  # not /dev/zero: read forever
     except (OSError, UnicodeDecodeError) as err:
         raise InputError(f"cannot read the DMS file {path}: {err}") from err
     try:
@@ -67,8 +68,9 @@ def read_dms(path: Union[str, Path], mutation_col: str = "mutant", require: Sequ
     header = tuple(lines[0])
     for name in (mutation_col, *require):
         if name not in header:
-            raise InputError(f"{path} has no column {name!r} (its columns: {', '.join(header)}); name the mutant "
-                             "column with --mutation-col")
+            fix = "name the mutant column with --mutation-col" if name == mutation_col else \
+                f"the file needs the column {name!r} (ProteinGym's name for it): rename the column that holds it"
+            raise InputError(f"{path} has no column {name!r} (its columns: {', '.join(header)}); {fix}")
     rows = tuple(tuple(row) for row in lines[1:] if row)  # blank lines carry no row
     column = header.index(mutation_col)
     for i, row in enumerate(rows):

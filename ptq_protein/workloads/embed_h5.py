@@ -2,26 +2,37 @@
 
 Layout of a file: attributes ``ptq_protein_embed`` (the run's identity as JSON:
 model, recipe, artifact digest, options, FASTA digest); one group per sequence,
-named by :func:`~ptq_protein.workloads.embed_store.label_stem`, with attribute
-``label``; in it the datasets ``representations/<layer>``,
-``mean_representations/<layer>``, ``bos_representations/<layer>``, ``contacts``
-and ``logits``, as present. h5py is imported lazily (the ``h5`` extra).
+named by :func:`~ptq_protein.workloads.embed_seal.label_stem`, with attributes
+``label`` and ``tensors_sha256`` (:func:`~ptq_protein.workloads.embed_seal.result_sha256`);
+in it the datasets ``representations/<layer>``, ``mean_representations/<layer>``,
+``bos_representations/<layer>``, ``contacts`` and ``logits``, as present. h5py is
+imported lazily (the ``h5`` extra). A file that h5py cannot read, or whose identity
+or digests do not match, is :class:`~ptq_protein.workloads.embed_seal.UnusableOutput`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
-import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple
 
 import numpy as np
 import torch
 
-__all__ = ["write_h5", "read_h5", "labels_in_h5", "require_h5py", "IDENTITY_ATTR"]
+from ptq_protein.io_utils import atomic_file
+from ptq_protein.workloads.embed_seal import (
+    RERUN_FIX,
+    UnusableOutput,
+    check_identity,
+    check_result,
+    result_sha256,
+)
+
+__all__ = ["write_h5", "read_h5", "h5_seal", "require_h5py", "IDENTITY_ATTR"]
 
 IDENTITY_ATTR = "ptq_protein_embed"
+_DIGEST_ATTR = "tensors_sha256"
 _LAYER_KEYS = ("representations", "mean_representations", "bos_representations")
 _TENSOR_KEYS = ("contacts", "logits")
 
@@ -39,23 +50,15 @@ def require_h5py():
 def write_h5(path: Path, results: Sequence[Mapping[str, Any]], stems: Sequence[str], identity: Mapping) -> None:
     """Write ``results`` (extract.py dicts) to ``path`` through a temp file, then rename: never half a file."""
     h5py = require_h5py()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent)
-    os.close(fd)
-    try:
-        with h5py.File(tmp, "w") as handle:
-            handle.attrs[IDENTITY_ATTR] = json.dumps(identity, sort_keys=True)
-            for stem, result in zip(stems, results):
-                _write_group(handle.create_group(stem), result)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_file(path) as tmp, h5py.File(tmp, "w") as handle:
+        handle.attrs[IDENTITY_ATTR] = json.dumps(identity, sort_keys=True)
+        for stem, result in zip(stems, results):
+            _write_group(handle.create_group(stem), result)
 
 
 def _write_group(group, result: Mapping[str, Any]) -> None:
     group.attrs["label"] = result["label"]
+    group.attrs[_DIGEST_ATTR] = result_sha256(result)
     for key in _LAYER_KEYS:
         if key in result:
             sub = group.create_group(key)
@@ -66,11 +69,12 @@ def _write_group(group, result: Mapping[str, Any]) -> None:
             group.create_dataset(key, data=result[key].numpy())
 
 
-def read_h5(path: Path) -> Dict[str, Dict[str, Any]]:
-    """{label: the dict ``extract.py`` would have saved} for every sequence in ``path``."""
-    h5py = require_h5py()
-    out: Dict[str, Dict[str, Any]] = {}
-    with h5py.File(path, "r") as handle:
+def read_h5(path: Path, identity: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """{label: the dict ``extract.py`` would have saved} for every sequence in ``path``, each checked against
+    its digest, the file against ``identity`` (``embed_run.json``'s)."""
+    with _opened(path) as handle:
+        check_identity(path, _identity(path, handle), identity, "embed_run.json")
+        out: Dict[str, Dict[str, Any]] = {}
         for group in handle.values():
             result: Dict[str, Any] = {"label": str(group.attrs["label"])}
             for key in _LAYER_KEYS:
@@ -79,18 +83,43 @@ def read_h5(path: Path) -> Dict[str, Dict[str, Any]]:
             for key in _TENSOR_KEYS:
                 if key in group:
                     result[key] = torch.from_numpy(np.asarray(group[key]))
+            check_result(path, result, group.attrs.get(_DIGEST_ATTR))
             out[result["label"]] = result
     return out
 
 
-def labels_in_h5(path: Path) -> List[str]:
-    """The labels a file holds, without reading its tensors."""
-    h5py = require_h5py()
-    with h5py.File(path, "r") as handle:
-        return [str(group.attrs["label"]) for group in handle.values()]
+def h5_seal(path: Path) -> Tuple[Dict[str, Any], List[str]]:
+    """(the identity a file records, its labels), from attributes only (no tensor is read)."""
+    with _opened(path) as handle:
+        labels = []
+        for group in handle.values():
+            if _DIGEST_ATTR not in group.attrs:
+                raise UnusableOutput(f"{path} holds {group.name} without a tensor digest (written by an older "
+                                     f"ptq-protein); {RERUN_FIX}")
+            labels.append(str(group.attrs["label"]))
+        return _identity(path, handle), labels
 
 
-def identity_in_h5(path: Path) -> Dict[str, Any]:
+@contextlib.contextmanager
+def _opened(path: Path) -> Iterator[Any]:
+    """``h5py.File(path, "r")``; a failure to open or walk it (truncated, not HDF5, a group without a label)
+    is one :class:`UnusableOutput` naming ``path``."""
     h5py = require_h5py()
-    with h5py.File(path, "r") as handle:
-        return json.loads(handle.attrs[IDENTITY_ATTR])
+    try:
+        with h5py.File(path, "r") as handle:
+            yield handle
+    except UnusableOutput:
+        raise
+    except (OSError, KeyError, ValueError, RuntimeError, TypeError) as err:
+        raise UnusableOutput(f"{path} is damaged: not a whole HDF5 file of an embed run ({type(err).__name__}: "
+                             f"{' '.join(str(err).split())[:80]}); {RERUN_FIX}") from err
+
+
+def _identity(path: Path, handle) -> Dict[str, Any]:
+    try:
+        identity = json.loads(handle.attrs[IDENTITY_ATTR])
+    except (KeyError, TypeError, ValueError) as err:
+        raise UnusableOutput(f"{path} records no run identity (attribute {IDENTITY_ATTR}); {RERUN_FIX}") from err
+    if not isinstance(identity, dict):
+        raise UnusableOutput(f"{path} records no run identity (attribute {IDENTITY_ATTR}); {RERUN_FIX}")
+    return identity

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ptq_protein.errors import InputError
 from ptq_protein.models.lm_outputs import LMInfo
 
-__all__ = ["batch_bytes", "fit_batches", "VOCAB"]
+__all__ = ["batch_bytes", "fit_batches", "check_budget", "VOCAB"]
 
 VOCAB = 33  # ESM tokens
 _F32 = 4
@@ -59,6 +60,7 @@ def fit_batches(batches: Sequence[List[int]], lengths: Sequence[int], labels: Se
     refused: Dict[int, str] = {}
     if budget is None:
         return [list(b) for b in batches], refused
+    check_budget(budget, resident, "after loading the model")
     room = budget - resident
 
     def cost(batch: List[int]) -> int:
@@ -80,3 +82,15 @@ def fit_batches(batches: Sequence[List[int]], lengths: Sequence[int], labels: Se
             half = len(batch) // 2
             pending += [batch[half:], batch[:half]]
     return out, refused
+
+
+def check_budget(budget: Optional[int], resident: int, when: str) -> None:
+    """Refuse, in one line, a ``--max-memory`` that the process already holds (``when``: "before loading the
+    model"; nothing could be embedded, so one line instead of one per sequence)."""
+    if budget is not None and budget <= resident:
+        raise InputError(f"--max-memory {_size(budget)} is below the {_size(resident)} this process holds "
+                         f"{when}; raise it (e.g. --max-memory 8G), or leave it out to use what is available")
+
+
+def _size(count: int) -> str:
+    return f"{count / _GIB:.2f} GiB" if count >= _GIB // 100 else f"{count} bytes"

@@ -17,11 +17,13 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from torch import nn
 
 from ptq_protein import __version__
+from ptq_protein.errors import InputError
 from ptq_protein.fasta import ESM_AMINO_ACIDS, read_fasta_records
 from ptq_protein.models.lm_outputs import lm_info, normalize_layers
 from ptq_protein.workflows.memory_budget import process_budget, resident_bytes
 from ptq_protein.workloads.embed import EmbedOptions, EmbedStats, embed_all
 from ptq_protein.workloads.embed_memory import fit_batches
+from ptq_protein.workloads.embed_seal import label_stem
 from ptq_protein.workloads.embed_store import EmbedFolder, records_digest
 from ptq_protein.workloads.shards import Shard
 from ptq_protein.workloads.token_batches import token_batches
@@ -31,13 +33,14 @@ __all__ = ["EmbedRun", "EmbedReport", "fasta_labels"]
 log = logging.getLogger(__name__)
 
 
-def fasta_labels(path) -> List[Tuple[str, str]]:
+def fasta_labels(path, duplicates: str = "error") -> List[Tuple[str, str]]:
     """(label, sequence) of every record; the label is the whole header, as fair-esm's ``FastaBatchedDataset``.
 
-    Letters outside the ESM alphabet, duplicate ids (both named) and an empty file
-    are refused in one line naming the file.
+    Letters outside the ESM alphabet, duplicate ids (both named; ``duplicates="rename"``
+    names the k-th repeat ``<id>#k`` instead) and an empty file are refused in one
+    line naming the file.
     """
-    records = read_fasta_records(Path(path), alphabet=ESM_AMINO_ACIDS)
+    records = read_fasta_records(Path(path), alphabet=ESM_AMINO_ACIDS, duplicates=duplicates)
     if not records:
         raise ValueError(f"{path} holds no FASTA records; give a file with '>id' headers and sequences")
     return [(f"{r.id} {r.description}".strip(), r.sequence) for r in records]
@@ -67,11 +70,19 @@ class EmbedRun:
         # what else changes outputs (the backend, the dtype): recorded with the options
         identity = {"tool": "ptq-protein embed", "format_version": 1, "fasta_sha256": records_digest(self.records),
                     "options": {**options.to_dict(), **dict(run_options or {})}}
+        _check_stems([label for label, _ in self.records])
         self.folder = EmbedFolder(Path(out_dir), identity, options.format, self.shard)
-        self.folder.check(model_hint)
+        self.folder.check(model_hint)  # holds this shard of the folder until run() ends
 
     def run(self, model: nn.Module, model_identity: Mapping[str, Any], max_memory: Optional[int] = None,
             show_progress: bool = False) -> EmbedReport:
+        try:
+            return self._run(model, model_identity, max_memory, show_progress)
+        finally:
+            self.folder.release()
+
+    def _run(self, model: nn.Module, model_identity: Mapping[str, Any], max_memory: Optional[int],
+             show_progress: bool) -> EmbedReport:
         info = lm_info(model)
         normalize_layers(self.options.repr_layers, info.num_layers)  # a layer the model lacks: refused now
         budget = process_budget(max_memory)  # validated before anything is written
@@ -95,3 +106,13 @@ class EmbedRun:
         stats = embed_all(model, subset, batches, self.options, self.folder.write, show_progress=show_progress)
         files = self.folder.finish()
         return EmbedReport(stats, skipped, {subset[i][0]: reason for i, reason in too_big.items()}, files)
+
+
+def _check_stems(labels: Sequence[str]) -> None:
+    """Refuse two labels whose files would be one (a digest collision of :func:`label_stem`), naming both."""
+    seen: Dict[str, str] = {}
+    for label in labels:
+        other = seen.setdefault(label_stem(label), label)
+        if other != label:
+            raise InputError(f"ids {other!r} and {label!r} would be written to one file ({label_stem(label)}); "
+                             "rename one of them in the FASTA")

@@ -58,6 +58,9 @@ def shard_from_env() -> Optional[Shard]:
     except ValueError as err:
         raise InputError(f"WORLD_SIZE={world!r} / RANK={os.environ.get('RANK')!r} are not numbers; launch with "
                          "torchrun, or unset them and use --shard K/N") from err
+    if count > 1 and not 0 <= rank < count:
+        raise InputError(f"RANK={rank} with WORLD_SIZE={count}: a rank counts from 0 to WORLD_SIZE-1; launch with "
+                         "torchrun, or unset them and use --shard K/N")
     return None if count <= 1 else Shard(rank + 1, count)
 
 

@@ -52,7 +52,7 @@ def test_a_truncated_or_garbled_file_is_one_artifact_error(tmp_path):
         read_tensors(tmp_path / "range.safetensors")
     header = b'{"w":{"dtype":"Q4","shape":[1],"data_offsets":[0,1]}}'
     (tmp_path / "dtype.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0")
-    with pytest.raises(ArtifactError, match="unsupported"):
+    with pytest.raises(ArtifactError, match="has dtype 'Q4', which no ptq-protein artifact holds"):
         read_tensors(tmp_path / "dtype.safetensors")
 
 

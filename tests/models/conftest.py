@@ -10,7 +10,6 @@ The writers produce the on-disk layouts the real files have, from tiny models:
 * Hugging Face cache: ``models--org--name/snapshots/<rev>/`` (``save_pretrained`` output) + ``refs/main``.
 """
 
-import argparse
 import socket
 import types
 
@@ -18,27 +17,9 @@ import pytest
 import torch
 
 from ptq_protein.models.esmfold_convert import hf_esmfold_to_fair
+from ptq_protein.models.fair_esm2 import save_fair_esm2 as write_fair_esm2
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
-
-
-def write_fair_esm2(model, path, regression="separate"):
-    """Save a fair-esm ESM2 as fair-esm's hub files; ``regression`` in {"separate", "inline", "none"}."""
-    state = model.state_dict()
-    contact = {k: v for k, v in state.items() if k.startswith("contact_head.")}
-    body = {}
-    for key, value in state.items():
-        if key.startswith("contact_head.") and regression != "inline":
-            continue
-        prefix = "encoder." if key.startswith(("lm_head.", "contact_head.")) else "encoder.sentence_encoder."
-        body[prefix + key] = value
-    cfg = argparse.Namespace(encoder_layers=model.num_layers, encoder_embed_dim=model.embed_dim,
-                             encoder_attention_heads=model.attention_heads, token_dropout=model.token_dropout)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"model": body, "cfg": {"model": cfg}}, path)
-    if regression == "separate":
-        torch.save({"model": contact}, path.with_name(f"{path.stem}-contact-regression.pt"))
-    return path
 
 
 def write_fair_esmfold(model, path, with_stem=True):

@@ -1,5 +1,6 @@
 """load_model: tiny names, fair-esm hub files, HF folders and caches, ESMFold both ways; errors are clear."""
 
+import hashlib
 import logging
 
 import pytest
@@ -47,7 +48,9 @@ def test_fair_esm2_by_name_from_torch_home(homes, fakes):
     path = fakes.write_fair_esm2(model, homes.checkpoints / "esm2_t6_8M_UR50D.pt")
     loaded = load_model("esm2_t6_8M_UR50D")
     assert loaded.family is ModelFamily.FAIR_ESM and loaded.source == str(path)
-    assert loaded.source_sha256 == file_sha256(path)
+    regression = path.with_name("esm2_t6_8M_UR50D-contact-regression.pt")  # read too: part of the digest
+    listing = f"weights {file_sha256(path)}\ncontact-regression {file_sha256(regression)}\n"
+    assert loaded.source_sha256 == hashlib.sha256(listing.encode()).hexdigest()
     tokens, mask = loaded.tokenize(SEQUENCES)
     with torch.no_grad():
         assert torch.equal(lm_logits(loaded), model(tokens)["logits"][mask])
