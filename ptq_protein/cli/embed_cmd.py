@@ -19,6 +19,7 @@ from ptq_protein.cli.models_arg import (
     check_model_or_artifact,
     load_model_or_artifact,
     model_hint,
+    run_backend,
 )
 
 EXAMPLES = """examples:
@@ -83,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
     device = rank_device(resolve_device(args.device))
     check_budget(max_memory, resident_bytes(), "before loading the model")
     job = EmbedRun(fasta_labels(args.fasta, args.duplicates), args.out, options, shard,
-                   {"backend": args.backend, "dtype": args.dtype or "float32"}, model_hint=model_hint(args, artifact))
+                   {"backend": run_backend(args, artifact, device), "dtype": args.dtype or "float32"},
+                   model_hint=model_hint(args, artifact))
     model, identity = load_model_or_artifact(args, artifact, device)
     report = job.run(model, identity, max_memory, show_progress=show_progress(args))
     _summary(report, args.out, shard)

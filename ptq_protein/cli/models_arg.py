@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 MODEL_HELP = ("model name (tiny-esm2, tiny-esm2-hf, tiny-esmfold, esm2_t33_650M_UR50D, esmfold, "
               "facebook/esm2_t6_8M_UR50D, "
@@ -106,10 +106,27 @@ def model_hint(args: argparse.Namespace, artifact: bool) -> Dict[str, Any]:
     return {"name": name, "source": _shown_source(source)}
 
 
-def artifact_identity(folder: str) -> Dict[str, Any]:
-    """An artifact's digests (its tensors; its tensor file, which holds the sealed recipe), recipe and source
-    model, from its recipe.json (verified at load); not its path, so a moved or renamed artifact resumes its
-    folder."""
+def run_backend(args: argparse.Namespace, artifact: bool, device: str) -> Optional[str]:
+    """The backend an artifact will run here (``--backend``, else the fastest exact one: ``nn.backend_choice``),
+    known before it loads, so an output folder records what computed it; None for a float model."""
+    if not artifact:
+        return None
+    if getattr(args, "backend", None):
+        return args.backend
+    import torch
+
+    from ptq_protein.config import Backend
+    from ptq_protein.nn.backend_choice import choose_backend
+
+    recorded = _recipe(args.model).get("config", {}).get("backend", "fake")
+    try:
+        recorded = Backend(recorded)
+    except ValueError:
+        recorded = Backend.FAKE  # pp.load refuses a corrupt recipe in one line; this guess never runs
+    return choose_backend(recorded, torch.device(device))[0].value
+
+
+def _recipe(folder: str) -> Dict[str, Any]:
     import json
 
     try:
@@ -118,6 +135,14 @@ def artifact_identity(folder: str) -> Dict[str, Any]:
         raise ValueError(f"{folder}/recipe.json is not readable JSON ({type(err).__name__}); re-run quantize") from err
     if not isinstance(recipe, dict):
         raise ValueError(f"{folder}/recipe.json is not a recipe object; re-run quantize")
+    return recipe
+
+
+def artifact_identity(folder: str) -> Dict[str, Any]:
+    """An artifact's digests (its tensors; its tensor file, which holds the sealed recipe), recipe and source
+    model, from its recipe.json (verified at load); not its path, so a moved or renamed artifact resumes its
+    folder."""
+    recipe = _recipe(folder)
     config, source, files = recipe.get("config"), recipe.get("model"), recipe.get("files")
     sealed = files.get("model.safetensors") if isinstance(files, dict) else None
     return {"tensors_sha256": recipe.get("tensors_sha256"),

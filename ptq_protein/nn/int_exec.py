@@ -115,6 +115,9 @@ def int_linear(module, x: torch.Tensor) -> torch.Tensor:
         return _reference_linear(module, x)
     cpu = x.device.type == "cpu"
     blocker = _fast_blocker(module, x) if cpu else "oneDNN runs CPU tensors only"
+    if blocker is None and _float_is_faster(module):
+        module.engine_ran = "float"
+        return _fake_product(module, x)
     if blocker is None:
         from ptq_protein.nn.int_fast import fast_linear
 
@@ -129,6 +132,19 @@ def int_linear(module, x: torch.Tensor) -> torch.Tensor:
         return _fake_product(module, x)
     module.engine_ran = Engine.REFERENCE.value
     return _reference_linear(module, x)
+
+
+# A PWLQ site's exact int8 form is two or more GEMMs plus an encoding pass; below this many input and output
+# features each it ran 1.5-4x slower than the float product on one AVX-512 VNNI core (480 x 480: 1.50x, 256: 1.95x,
+# 128 x 128 on ESMFold-like pair rows: 3.4x; 1024 x 1024: 0.89x), so ``auto`` runs the float product there, silently
+# (a choice of speed: the values are the simulation's, as ``backend="fake"`` computes them).
+PWLQ_INT8_FROM = 1024
+
+
+def _float_is_faster(module) -> bool:
+    """``auto`` only: a PWLQ-input site too small for its region GEMMs to beat one float GEMM."""
+    return (module.engine is Engine.AUTO and module.input_quant.spec.scheme.value == "pwlq"
+            and min(module.in_features, module.out_features) < PWLQ_INT8_FROM)
 
 
 def _fake_product(module, x: torch.Tensor) -> torch.Tensor:
