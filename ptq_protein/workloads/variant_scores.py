@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -58,10 +58,12 @@ class SingleMutantScores:
 
 
 def position_log_probs(model: nn.Module, sequence: str, strategy: "str | Strategy",
-                       toks_per_batch: int = DEFAULT_TOKS_PER_BATCH, progress: bool = False) -> torch.Tensor:
+                       toks_per_batch: int = DEFAULT_TOKS_PER_BATCH, progress: bool = False,
+                       positions: Optional[Sequence[int]] = None) -> torch.Tensor:
     """log-softmax [L, V] (float32, CPU) at each residue: unmasked (wt-marginals) or residue masked (masked-marginals).
 
-    Row ``i`` is position ``i`` of ``sequence``; columns are ESM token ids.
+    Row ``i`` is position ``i`` of ``sequence``; columns are ESM token ids. ``positions`` (0-based): the rows
+    wanted (masked-marginals runs one masked copy per wanted row; the other rows are NaN); None: every row.
     """
     strategy = Strategy.parse(strategy)
     if not strategy.marginal:
@@ -70,13 +72,15 @@ def position_log_probs(model: nn.Module, sequence: str, strategy: "str | Strateg
     tokens = lm_tokens([sequence])
     if strategy is Strategy.WT_MARGINALS:
         return torch.log_softmax(lm_forward(model, tokens).logits[0, 1:len(sequence) + 1], dim=-1)
-    out = torch.empty(len(sequence), len(esm_vocab()))
-    for batch in _batches([len(sequence)] * len(sequence), toks_per_batch, progress, "masked-marginals"):
-        copies = tokens.repeat(len(batch), 1)
-        positions = torch.tensor(batch) + 1  # BOS first
-        copies[torch.arange(len(batch)), positions] = _mask_id()
+    out = torch.full((len(sequence), len(esm_vocab())), float("nan"))
+    wanted = sorted(set(range(len(sequence)) if positions is None else positions))
+    for batch in _batches([len(sequence)] * len(wanted), toks_per_batch, progress, "masked-marginals"):
+        rows = [wanted[k] for k in batch]
+        copies = tokens.repeat(len(rows), 1)
+        at = torch.tensor(rows) + 1  # BOS first
+        copies[torch.arange(len(rows)), at] = _mask_id()
         logits = lm_forward(model, copies).logits
-        out[batch] = torch.log_softmax(logits[torch.arange(len(batch)), positions], dim=-1)
+        out[rows] = torch.log_softmax(logits[torch.arange(len(rows)), at], dim=-1)
     return out
 
 
@@ -106,7 +110,8 @@ def score_mutants(model: nn.Module, sequence: str, mutants: Sequence[Mutant], st
     """One score per mutant (parsed by `ptq_protein.workloads.mutants.parse_mutant` against `sequence`)."""
     strategy = Strategy.parse(strategy)
     if strategy.marginal:
-        table = position_log_probs(model, sequence, strategy, toks_per_batch, progress)
+        mutated = {s.index for mutant in mutants for s in mutant}  # masked copies only where a mutant reads
+        table = position_log_probs(model, sequence, strategy, toks_per_batch, progress, positions=mutated)
         return [marginal_score(table, mutant) for mutant in mutants]
     variants = [mutate(sequence, m) for m in mutants]
     unique = list(dict.fromkeys(variants))  # a repeated mutant is scored once
