@@ -42,7 +42,8 @@ def test_dms_rows_come_back_with_one_score_column(tmp_path, dms, esm2, strategy)
     assert [r[:3] for r in rows[1:]] == [r for r in read(dms)[1:]]  # every cell as it was
     assert dms.read_text() == DMS  # the input is never written
     want = score_mutants(esm2, SEQ, [parse_mutant(m, SEQ) for m in ("M1A", "K2W:F19Y", "T3T")], strategy)
-    torch.testing.assert_close(torch.tensor([float(r[3]) for r in rows[1:]]), torch.tensor(want), atol=2e-6, rtol=1e-5)  # SDPA vs explicit attention
+    got = torch.tensor([float(r[3]) for r in rows[1:]])
+    torch.testing.assert_close(got, torch.tensor(want), atol=2e-6, rtol=1e-5)  # the CLI's SDPA: float rounding
 
 
 def test_every_single_mutant_and_a_heatmap(tmp_path, esm2):
@@ -54,7 +55,8 @@ def test_every_single_mutant_and_a_heatmap(tmp_path, esm2):
     for suffix in (".png", ".pdf", ".svg"):
         assert out.with_suffix(suffix).stat().st_size > 1000
     want = score_mutants(esm2, SEQ[:8], [parse_mutant(r[0], SEQ[:8]) for r in rows[1:]], "masked-marginals")
-    torch.testing.assert_close(torch.tensor([float(r[1]) for r in rows[1:]]), torch.tensor(want), atol=2e-6, rtol=1e-5)  # SDPA vs explicit attention
+    got = torch.tensor([float(r[1]) for r in rows[1:]])
+    torch.testing.assert_close(got, torch.tensor(want), atol=2e-6, rtol=1e-5)  # the CLI's SDPA: float rounding
 
 
 def test_without_matplotlib_the_csv_is_written_and_the_figure_skipped(tmp_path, monkeypatch, caplog):
