@@ -12,12 +12,13 @@ Two phases want opposite things:
   threshold fixed at 128 KiB, an int8 ``embed`` of 120 sequences took 9.4 million page faults and 40% of its
   wall time in the kernel. Kept in the heap, the blocks of one batch serve the next.
 
-So a process that runs models (a CLI command, :func:`managed_heap`) fixes the threshold while loading
-(:func:`loading`), then trims the heap and keeps freed blocks below :data:`KEEP_BELOW` for reuse.
-The resident size then follows the largest batch's working set, which the batch plan keeps within the memory
-budget (``fold``'s and ``embed``'s checks). A process that did not opt in keeps glibc's own policy; loading
-still trims the heap afterwards. Measurements: docs/benchmarks-history.md. Every call is a no-op off glibc
-(macOS, Windows, musl), and a user's own ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` wins.
+So loading a model (:func:`loading`, around ``pp.load``, ``load_model`` and ``pp.quantize``) fixes the threshold
+while it runs, then trims the heap and keeps freed blocks below :data:`KEEP_BELOW` for reuse, in the CLI and in a
+library caller's process alike (the library path runs as fast as the command). The resident size then follows the
+largest batch's working set, which the batch plan keeps within the memory budget (``fold``'s and ``embed``'s
+checks). A CLI command restores glibc's threshold when it ends (:func:`managed_heap`). Measurements:
+docs/benchmarks-history.md. Every call is a no-op off glibc (macOS, Windows, musl), and a user's own
+``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` / ``GLIBC_TUNABLES`` wins.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ _RETURN_ABOVE = 128 * 1024  # glibc's initial mmap threshold, kept fixed while l
 KEEP_BELOW = 64 << 20
 KEEP_FREE = 256 << 20
 _USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
-_managed = False  # set by manage_heap(): this process asked for the two-phase policy
+_managed = False  # inside managed_heap(): a CLI command
 _depth = 0  # nested loading() blocks (a quantize that loads a model): the outermost one ends the phase
 
 
@@ -61,12 +62,9 @@ def _tunable() -> Optional[ctypes.CDLL]:
 
 @contextlib.contextmanager
 def managed_heap() -> Iterator[bool]:
-    """The two-phase policy for the block's duration (a command of the CLI); yields whether it is on.
-
-    Until the first :func:`loading` ends, freed large blocks go back at once (as while loading). After the
-    block, freed blocks go back at once again (a test or a caller running several commands in one process
-    keeps no command's heap).
-    """
+    """A CLI command's heap: freed large blocks go back at once until a model has loaded (:func:`loading` then
+    keeps them for reuse), and again after the block (a test or a caller running several commands in one process
+    keeps no command's heap). Yields whether glibc's settings are this package's to change."""
     global _managed
     _managed = return_large_blocks()
     try:
@@ -100,7 +98,7 @@ def loading() -> Iterator[None]:
     """Around building or loading a model: its freed temporaries go back to the system, the heap is trimmed
     after, and (in a managed process) freed blocks are kept for the forwards that follow."""
     global _depth
-    if _managed and _depth == 0:
+    if _depth == 0:
         return_large_blocks()
     _depth += 1
     try:
@@ -109,8 +107,7 @@ def loading() -> Iterator[None]:
         _depth -= 1
         if _depth == 0:
             release_freed_memory()
-            if _managed:
-                _keep_freed_blocks()
+            _keep_freed_blocks()
 
 
 def release_freed_memory() -> bool:
