@@ -252,6 +252,8 @@ def test_onednn_reorders_counts_weight_reorders_after_the_first_forward(bench_pa
     assert [len(phases["first"]), len(phases["after"])] == [3, 4]
     assert [probe.is_weight_reorder(f) for f in phases["first"]] == [True, False, False]  # s8 codes, packed
     assert [probe.is_weight_reorder(f) for f in phases["after"]] == [False, True, False, False]  # f32 -> packed s8
+    assert not probe.is_weight_reorder(phases["after"][1], tokens=256)  # a dimension is the batch's rows
+    assert probe.batch_rows("=== bench: first forward done === tokens (2, 18) engine onednn") == 36
     text = "\n".join(probe.report(_VERBOSE))
     assert "second forward: 4 oneDNN primitives executed, 1 weight reorders (goal 0: missed)" in text
     assert "1  matmul:brg_matmul:avx512_core_vnni" in text and "tokens (2, 18) engine onednn" in text
@@ -314,6 +316,37 @@ def test_inprocess_score_rows_time_every_model(tmp_path, quick_dir, bench_packag
     assert sorted(data["seconds"]) == ["library masked-marginals, FP32",
                                        "predict.py loop (one masked forward each), FP32"]
     assert all(s > 0 for s in data["seconds"].values())
+
+
+def test_random_checkpoints_load_with_fair_esm_and_carry_the_planted_channels(tmp_path):
+    """make_random_checkpoints.py writes fair-esm's published layout (NAME.pt + NAME-contact-regression.pt, which
+    load_model_and_alphabet_local requires) and, with --outliers, the tiny models' planted channels: the
+    embedding columns and FFN output rows that plant_outlier_channels_ picks for that seed, far above the rest."""
+    import argparse
+
+    import esm
+    import torch
+
+    from ptq_protein.models.outliers import OutlierSpec
+
+    maker = _load("make_random_checkpoints")
+    torch.serialization.add_safe_globals([argparse.Namespace])
+    widths = {}
+    for planted in (False, True):
+        folder = tmp_path / str(planted)
+        folder.mkdir()
+        path = maker.write_esm2("esm2_quick", folder, seed=0, outliers=planted)
+        model, alphabet = esm.pretrained.load_model_and_alphabet_local(str(path))
+        rows = [i for i in range(len(alphabet.all_toks)) if i != alphabet.padding_idx]  # planting zeroes padding
+        widths[planted] = model.embed_tokens.weight[rows].abs().amax(dim=0)  # [C]: each channel's largest value
+        assert torch.equal(model.lm_head.weight, model.embed_tokens.weight)
+    spec = OutlierSpec()
+    channels = torch.randperm(64, generator=torch.Generator().manual_seed(spec.seed_offset))[:spec.num_channels]
+    others = torch.ones(64, dtype=torch.bool)
+    others[channels] = False
+    assert widths[True][channels].min() > 5 * widths[True][others].max()  # planted: scale 6 x lognormal, x5 tails
+    assert torch.equal(widths[True][others], widths[False][others])  # the other channels are untouched
+    assert widths[False].max() < 5 * widths[False].median()  # plain: no channel stands out
 
 
 def test_bench_entry_point_lists_and_dispatches_every_bench(capsys):

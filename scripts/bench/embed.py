@@ -116,8 +116,9 @@ def embed_rows(model: prepare.BenchModel, fasta: Path, calib: Path, arts: Dict, 
 
 
 def selected(args, key: str) -> bool:
-    """Whether ``--rows`` keeps the row ``key`` (a row key, or a recipe name for that recipe's rows)."""
-    return not args.rows or key in args.rows or key.split(":")[-1] in args.rows
+    """Whether ``--rows`` keeps the row ``key`` (a row key, or a recipe name for that recipe's rows); fair-esm's
+    loop always runs: every ratio and error is read against it."""
+    return not args.rows or key == "fair" or key in args.rows or key.split(":")[-1] in args.rows
 
 
 def run_config(args, model: prepare.BenchModel, fasta: Path, calib: Path, residues: int, isa: str, threads: int,
@@ -185,8 +186,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--recipes", nargs="+", default=None,
                    help=f"presets quantized and embedded (default {' '.join(prepare.RECIPES)}; --quick: the first)")
     p.add_argument("--recommended", default=prepare.RECOMMENDED, help="the recipe of the ONNX, HF-folder and goal rows")
-    p.add_argument("--rows", nargs="+", default=[], help="only these row keys (fair hf32 hf16 dyn ort pt2e fp "
-                   "fp-bf16 hf-fp, a recipe name): default every row")
+    p.add_argument("--rows", nargs="+", default=[], help="only these row keys (hf32 hf16 dyn ort pt2e fp fp-bf16 "
+                   "hf-fp, a recipe name) besides fair-esm's loop, which always runs: default every row")
     p.add_argument("--no-inprocess", action="store_true", help="skip the in-process rows")
     p.add_argument("--inprocess-reps", type=int, default=1, help="timed passes of the in-process rows after their "
                    "warm-up (default 1: no interpreter start or load to vary)")

@@ -7,7 +7,8 @@ as ``ptq-protein embed`` runs it), forwards the first 4096-token batch of the be
 and forwards the same batch again. oneDNN's ``exec`` lines after the marker are counted by primitive and kernel.
 
 A reorder counts as a weight's when its source is ``s8`` (weight codes; activations are ``u8`` or float) or its
-destination is a blocked layout (an upper-case format tag such as ``BA16a64b4a``: a GEMM's packed weights).
+destination is a blocked layout (an upper-case format tag such as ``BA16a64b4a``: a GEMM's packed weights), and
+none of its dimensions is the batch's token count (B x T rows: an activation).
 
     python -m scripts.bench onednn_reorders --quick
     python -m scripts.bench onednn_reorders --size 35m --recipe w8a8-smoothquant
@@ -45,14 +46,23 @@ def parse_exec_lines(log: str) -> Dict[str, List[List[str]]]:
     return found
 
 
-def is_weight_reorder(fields: Sequence[str]) -> bool:
-    """A ``reorder`` whose source is s8 codes or whose destination is a blocked (packed) layout."""
+def is_weight_reorder(fields: Sequence[str], tokens: Optional[int] = None) -> bool:
+    """A ``reorder`` whose source is s8 codes or whose destination is a blocked (packed) layout, unless one of
+    its dimensions is ``tokens`` (the batch's rows: an activation)."""
     if len(fields) < 5 or fields[1] != "reorder":
+        return False
+    if tokens is not None and len(fields) > 7 and str(tokens) in fields[7].split("x"):
         return False
     descriptors = dict(part.split(":", 1) for part in fields[4].split() if ":" in part)
     src, dst = descriptors.get("src", ""), descriptors.get("dst", "")
     tag = dst.split(":")[3] if dst.count(":") >= 3 else ""
     return src.startswith("s8") or bool(_BLOCKED.search(tag))
+
+
+def batch_rows(marker: str) -> Optional[int]:
+    """B x T of the probe's batch, from its marker line (``... tokens (B, T) ...``)."""
+    found = re.search(r"tokens \((\d+), (\d+)\)", marker)
+    return int(found.group(1)) * int(found.group(2)) if found else None
 
 
 def summary(lines: Sequence[Sequence[str]]) -> Counter:
@@ -65,10 +75,11 @@ def report(log: str) -> List[str]:
     marker = next((ln for ln in log.splitlines() if ln.startswith(MARKER)), "")
     if not marker:
         return ["no marker in the child's output: the probe did not reach its second forward"]
-    weights = [f for f in phases["after"] if is_weight_reorder(f)]
+    rows = batch_rows(marker)
+    weights = [f for f in phases["after"] if is_weight_reorder(f, rows)]
     lines = [f"probe: {marker[len(MARKER):].strip()}",
              f"loading and the first forward: {len(phases['first'])} oneDNN primitives executed, "
-             f"{sum(map(is_weight_reorder, phases['first']))} weight reorders",
+             f"{sum(is_weight_reorder(f, rows) for f in phases['first'])} weight reorders",
              f"second forward: {len(phases['after'])} oneDNN primitives executed, {len(weights)} weight reorders "
              f"(goal 0: {'met' if not weights else 'missed'})", "", "second forward, by primitive and kernel:"]
     lines += [f"  {count:5d}  {name}" for name, count in summary(phases["after"]).most_common()]
