@@ -232,6 +232,17 @@ def test_run_measured_reports_the_childs_own_usage(bench_package):
     assert failed.failure() == "exit 3: why it failed"
 
 
+def test_run_measured_peak_is_not_the_parents(bench_package):
+    """Linux counts the memory of the process a child was forked from in the child's ru_maxrss: a child started
+    straight from a 512 MiB process reported over 512 MiB. Through the launcher, an empty interpreter stays small."""
+    import numpy as np
+    from bench.common import run_measured
+
+    held = np.ones(512 * 2 ** 20 // 8)  # this process now holds 512 MiB more
+    done = run_measured([sys.executable, "-S", "-c", "pass"])
+    assert held.sum() > 0 and done.returncode == 0 and done.peak_rss_kib < 64 * 1024
+
+
 # Lines as oneDNN 3 prints them (ONEDNN_VERBOSE=1) for an int8 artifact: weight reorders at load, then GEMMs.
 _VERBOSE = """onednn_verbose,v1,info,oneDNN v3.7.1 (commit 8d263e693366ef8db40acc569cc7d8edf644556d)
 onednn_verbose,v1,primitive,exec,cpu,reorder,simple:any,undef,src:s8::blocked:ba::f0 dst:s8:p:blocked:AB16a64b4a::f8:zpm2,attr-scratchpad:user,,64x64,0.02

@@ -4,6 +4,7 @@ an older instruction set, and the table and header lines (the CPU's flags among 
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import random
@@ -192,21 +193,33 @@ class Measured:
         return f"exit {self.returncode}: {last[:200]}"
 
 
+# The child is started by a small launcher (python -S): Linux counts the memory of the process a child was
+# forked or vforked from in the child's ru_maxrss, so a child started from this (large) process would report at
+# least this process's peak. The launcher's own few MiB are what remains of that; it also times the child.
+_LAUNCHER = """import json, os, sys, time
+start = time.perf_counter()
+pid = os.posix_spawnp(sys.argv[2], sys.argv[2:], os.environ)
+_, status, ru = os.wait4(pid, 0)
+wall = time.perf_counter() - start
+with open(sys.argv[1], "w") as out:
+    json.dump([wall, ru.ru_utime, ru.ru_stime, ru.ru_minflt, ru.ru_maxrss, os.waitstatus_to_exitcode(status)], out)
+"""
+
+
 def run_measured(cmd: Sequence[str], env: Optional[Mapping[str, str]] = None, cwd: Optional[Path] = None,
                  log: Optional[Path] = None, tail: int = 4000) -> Measured:
-    """Run ``cmd`` to its end and measure it (:class:`Measured`); its output goes to ``log`` (a temp file when
-    None), whose last ``tail`` characters come back."""
+    """Run ``cmd`` to its end and measure it (:class:`Measured`, through the launcher above); its output goes to
+    ``log`` (a temp file when None), whose last ``tail`` characters come back."""
     with tempfile.TemporaryDirectory(prefix="bench_log_") as tmp:
-        path = Path(log or Path(tmp) / "log.txt")
+        path, usage = Path(log or Path(tmp) / "log.txt"), Path(tmp) / "usage.json"
         with open(path, "wb") as out:
-            start = time.perf_counter()
-            proc = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, env=dict(env or os.environ),
-                                    cwd=cwd)
-            _, status, usage = os.wait4(proc.pid, 0)
-            wall = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+            launched = subprocess.run([sys.executable, "-S", "-c", _LAUNCHER, str(usage), *cmd], stdout=out,
+                                      stderr=subprocess.STDOUT, env=dict(env or os.environ), cwd=cwd)
         text = path.read_text(errors="replace")[-tail:]
-    return Measured(wall, usage.ru_utime, usage.ru_stime, usage.ru_minflt, usage.ru_maxrss, proc.returncode, text)
+        if not usage.exists():  # the launcher itself failed (e.g. the command is not found)
+            return Measured(0.0, 0.0, 0.0, 0, 0, launched.returncode or 127, text)
+        wall, user, system, faults, peak, code = json.loads(usage.read_text())
+    return Measured(wall, user, system, faults, peak, code, text)
 
 
 def child_cpu_facts(env: Mapping[str, str]) -> str:
