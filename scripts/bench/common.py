@@ -222,6 +222,20 @@ def run_measured(cmd: Sequence[str], env: Optional[Mapping[str, str]] = None, cw
     return Measured(wall, user, system, faults, peak, code, text)
 
 
+def versions(packages: Sequence[str] = ("torch", "transformers", "fair-esm", "onnxruntime", "torchao",
+                                         "ptq-protein")) -> str:
+    """One line: python and each package's installed version (or 'not installed'), read from package metadata."""
+    from importlib import metadata
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return f"python {platform.python_version()}, " + ", ".join(f"{p} {version(p)}" for p in packages)
+
+
 def child_cpu_facts(env: Mapping[str, str]) -> str:
     """:func:`cpu_facts` as a child with ``env`` sees it (held instruction sets, thread counts)."""
     done = run_measured([sys.executable, "-c", "from bench.common import cpu_facts; print(cpu_facts())"], env)

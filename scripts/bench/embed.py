@@ -45,6 +45,7 @@ from bench.common import (
     child_env,
     isa_label,
     run_measured,
+    versions,
     write_fasta,
 )
 from bench.inprocess import artifact_args, run_child
@@ -218,7 +219,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         records = [(label, seq[:QUICK_LENGTH]) for label, seq in records]
     residues = sum(len(s) for _, s in records)
     print(f"# embed, whole processes\n\n`{bench_command('embed', argv)}`\n\n{len(records)} bundled sequences, "
-          f"{residues} residues, 4096 tokens per batch, mean of the last layer saved per sequence")
+          f"{residues} residues, 4096 tokens per batch, mean of the last layer saved per sequence\n\n{versions()}; "
+          f"torchao row: {args.torchao_python}")
     if importlib.util.find_spec("torchao"):
         print("\nNote: torchao is installed for this interpreter, and transformers imports it in every process that "
               "imports transformers (the HF anchors and HF-folder rows pay that import); --torchao-python runs the "

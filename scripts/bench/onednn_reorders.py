@@ -25,7 +25,16 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from bench import prepare
-from bench.common import ISAS, bench_command, bundled_records, child_cpu_facts, child_env, run_measured, write_fasta
+from bench.common import (
+    ISAS,
+    bench_command,
+    bundled_records,
+    child_cpu_facts,
+    child_env,
+    run_measured,
+    versions,
+    write_fasta,
+)
 from bench.inprocess import MARKER
 
 _BLOCKED = re.compile(r"[A-Z]")
@@ -101,7 +110,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     model = prepare.bench_model(args.dir, "quick" if args.quick else args.size, args.weights)
     env = child_env(args.threads, args.isa)
     print(f"# oneDNN primitives of one embed batch\n\n`{bench_command('onednn_reorders', argv)}`\n\n"
-          f"{child_cpu_facts(env)}\n\nModel: {model.describe()}; recipe {args.recipe}\n")
+          f"{child_cpu_facts(env)}\n\n{versions()}\n\nModel: {model.describe()}; recipe {args.recipe}\n")
     with tempfile.TemporaryDirectory(prefix="bench_onednn_") as tmp:
         scratch = Path(tmp)
         art = scratch / "art"

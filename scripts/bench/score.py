@@ -40,6 +40,7 @@ from bench.common import (
     isa_label,
     judge,
     markdown_table,
+    versions,
 )
 from bench.inprocess import artifact_args, run_child
 from bench.process_rows import OUT, Row, RowResult, run_rows
@@ -198,7 +199,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sequence = protein(args.length)
     print(f"# score (masked-marginals), whole processes\n\n`{bench_command('score', argv)}`\n\n"
           f"one {len(sequence)}-residue protein, {19 * len(sequence)} single mutants; predict.py runs "
-          f"{len(sequence) + 2} forwards of batch 1 (every token position masked once, BOS and EOS included)")
+          f"{len(sequence) + 2} forwards of batch 1 (every token position masked once, BOS and EOS included)\n\n"
+          f"{versions()}")
     for weights in args.weights:
         model = prepare.bench_model(args.dir, "quick" if args.quick else args.size, weights, args.fresh_model)
         print(f"\nModel: {model.describe()}")
