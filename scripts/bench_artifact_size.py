@@ -30,7 +30,7 @@ from typing import Callable, Dict, List, Sequence, Tuple
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import (  # noqa: E402  (sibling module: shared model, sequences, timing and table helpers)
+from bench.common import (  # noqa: E402  (sibling module: shared model, sequences, timing and table helpers)
     FULL_SHAPE,
     QUICK_SHAPE,
     build_esm2,

@@ -16,7 +16,7 @@ from typing import Dict
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import (  # noqa: E402  (sibling module: shared model, sequences, timing and table helpers)
+from bench.common import (  # noqa: E402  (sibling module: shared model, sequences, timing and table helpers)
     QUICK_SHAPE,
     ModelShape,
     build_esm2,

@@ -1,8 +1,8 @@
 """Peak memory and wall time of ``quantize`` on real-size random-weight checkpoints (issue 13).
 
 Toolkit check, random weights: nothing here measures biology. Each case runs in a
-fresh process under ``/usr/bin/time -v``; its "Maximum resident set size" is the
-peak RSS reported. Make the checkpoints first (under /tmp, never committed)::
+fresh process; its peak RSS is the child's ``ru_maxrss`` (``os.wait4``: what ``/usr/bin/time -v``
+reports as "Maximum resident set size"). Make the checkpoints first (under /tmp, never committed)::
 
     python scripts/make_random_checkpoints.py esm2_150M esm2_650M esmfold_trunk
     python scripts/bench_memory.py esm2_150M esm2_650M esmfold_trunk
@@ -15,14 +15,15 @@ ratio, a float baseline: load + FP forward of the same calibration set.
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench.common import run_timed  # noqa: E402  (the bench package: processes measured)
+
 FILES = {"esm2_150M": "esm2_t30_150M_UR50D.pt", "esm2_650M": "esm2_t33_650M_UR50D.pt",
          "esmfold_trunk": "esmfold_trunk_8M_stem.pt"}
 CALIB = {"esm2_150M": "casp14:8", "esm2_650M": "casp14:8", "esmfold_trunk": "casp14:2"}
@@ -50,19 +51,6 @@ with torch.no_grad():
     for batch in adapter.batches(seqs, 4):
         adapter.forward(loaded.model, batch{extra})
 """
-
-
-def run_timed(cmd) -> dict:
-    """Run ``cmd`` under /usr/bin/time -v; peak RSS (GiB), wall and system seconds."""
-    proc = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{cmd[:3]} failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr).group(1))
-    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", proc.stderr).group(1)
-    seconds = sum(float(x) * 60 ** i for i, x in enumerate(reversed(wall.split(":"))))
-    system = float(re.search(r"System time \(seconds\): ([\d.]+)", proc.stderr).group(1))
-    user = float(re.search(r"User time \(seconds\): ([\d.]+)", proc.stderr).group(1))
-    return {"rss_gib": rss / 2 ** 20, "wall_s": seconds, "sys_s": system, "user_s": user}
 
 
 def case_commands(kind: str, path: Path, out: Path, recipe: str, low_memory: bool) -> dict:

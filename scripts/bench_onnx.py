@@ -39,7 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_ort  # noqa: E402  (sibling module: the ONNX export, ORT's quantize_dynamic and sessions)
-from bench_common import (  # noqa: E402  (sibling module: shared model, sequences, timing and table helpers)
+from bench.common import (  # noqa: E402  (sibling module: shared model, sequences, timing and table helpers)
     FULL_SHAPE,
     QUICK_SHAPE,
     build_esm2,

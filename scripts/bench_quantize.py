@@ -40,7 +40,7 @@ from unittest import mock
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import (  # noqa: E402  (sibling module: shared model, sequences, timing and table helpers)
+from bench.common import (  # noqa: E402  (sibling module: shared model, sequences, timing and table helpers)
     FULL_SHAPE,
     QUICK_SHAPE,
     ModelShape,

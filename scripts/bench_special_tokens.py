@@ -31,7 +31,7 @@ from typing import Dict, List, Sequence
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import command_line, environment_line, markdown_table  # noqa: E402
+from bench.common import command_line, environment_line, markdown_table  # noqa: E402
 
 MODES = ("clip", "include", "float")
 HELD_OUT = "cameo139:6"  # evaluation sequences (calibration uses casp14)

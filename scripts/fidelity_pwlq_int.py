@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import FULL_SHAPE, build_esm2, markdown_table, random_sequences  # noqa: E402
+from bench.common import FULL_SHAPE, build_esm2, markdown_table, random_sequences  # noqa: E402
 
 RECIPES = ("w8a8-uniform", "w8a8-pwlq", "w8a8-pwlq-int")
 

@@ -164,7 +164,7 @@ def check_kernels(record, device, deadline: float) -> None:
 def check_e2e(record, device, args, deadline: float) -> None:
     """Step 3: each model's baseline, then each recipe, while the budget lasts."""
     import gpu_check_e2e as e2e
-    from bench_common import ModelShape
+    from bench.common import ModelShape
 
     if device.type == "cpu":
         models = [e2e.esm2_model("tiny ESM-2", ModelShape(1, 32, 4, 10), batch=1),

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import markdown_table  # noqa: E402  (sibling script: the table helper)
+from bench.common import markdown_table  # noqa: E402  (sibling script: the table helper)
 from bench_kernels import GOAL_E2E_MEMORY, GOAL_E2E_TIME, GOAL_VS_BF16, LARGE_M  # noqa: E402  (the goals)
 
 SCHEMA = 1

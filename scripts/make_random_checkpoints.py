@@ -4,9 +4,16 @@ Toolkit check only: the weights are random, so nothing here measures biology.
 Files go under ``--out`` (default /tmp/ptq13_ckpt); never commit them.
 
     python scripts/make_random_checkpoints.py esm2_150M esm2_650M esmfold_trunk
+    python scripts/make_random_checkpoints.py esm2_35M --outliers --hf --out /tmp/ckpt/outliers
 
-* ``esm2_150M`` / ``esm2_650M``: ``esm2_t30_150M_UR50D.pt`` / ``esm2_t33_650M_UR50D.pt`` with fair-esm's key
-  names and ``cfg`` (argparse.Namespace), as fair-esm's hub files.
+* ``esm2_8M`` ... ``esm2_3B`` (``esm2_quick``: 2 layers x 64, for smoke tests): ``esm2_t30_150M_UR50D.pt`` and so on,
+  with fair-esm's key names and ``cfg`` (argparse.Namespace), as fair-esm's hub files, and
+  ``NAME-contact-regression.pt`` beside it (random, as the rest), which fair-esm's
+  ``load_model_and_alphabet_local`` requires for ESM-2 names.
+  ``--outliers``: trained-ESM-like outlier channels planted in the token embedding and every layer's FFN output
+  (``ptq_protein.models.outliers``, the tiny models' demo strengths), so activation quantization meets them.
+  ``--hf``: the same weights as a Hugging Face folder ``NAME-hf/`` (``EsmForMaskedLM``, safetensors, the ESM
+  vocabulary), names mapped by ``ptq_protein.models.esm_keymap``.
 * ``esmfold_trunk``: a fair-esm ESMFold file with the v1 trunk (48 folding blocks, structure module) on an
   ESM-2 8M stem; the loader builds its config from the file's partial cfg (trunk: 48 blocks, v1 sizes) and the
   stem's shapes, which equals ``esmfold_trunk_config`` (tested); bench_memory passes it explicitly.
@@ -21,13 +28,16 @@ import argparse
 import sys
 import types
 from pathlib import Path
+from typing import Dict
 
 import torch
 
-SIZES = {"esm2_8M": ("esm2_t6_8M_UR50D", 6, 320, 20), "esm2_35M": ("esm2_t12_35M_UR50D", 12, 480, 20),
+SIZES = {"esm2_quick": ("esm2_t2_quick", 2, 64, 4),
+         "esm2_8M": ("esm2_t6_8M_UR50D", 6, 320, 20), "esm2_35M": ("esm2_t12_35M_UR50D", 12, 480, 20),
          "esm2_150M": ("esm2_t30_150M_UR50D", 30, 640, 20), "esm2_650M": ("esm2_t33_650M_UR50D", 33, 1280, 20),
          "esm2_3B": ("esm2_t36_3B_UR50D", 36, 2560, 40)}
 TRUNK_FILE = "esmfold_trunk_8M_stem.pt"
+_REGRESSION = ("contact_head.regression.weight", "contact_head.regression.bias")
 
 
 def esmfold_trunk_config():
@@ -55,25 +65,77 @@ def _randomize(state, generator):
     return out
 
 
-def write_esm2(kind: str, out: Path, seed: int = 0) -> Path:
+def esm2_state(kind: str, seed: int = 0, outliers: bool = False) -> Dict[str, torch.Tensor]:
+    """Random weights under fair-esm ``ESM2``'s names (LM head tied to the embedding), outliers planted if asked."""
     import esm
     from esm.model.esm2 import ESM2
 
-    name, layers, dim, heads = SIZES[kind]
+    _, layers, dim, heads = SIZES[kind]
+    alphabet = esm.data.Alphabet.from_architecture("ESM-1b")
     with torch.device("meta"):
-        model = ESM2(num_layers=layers, embed_dim=dim, attention_heads=heads,
-                     alphabet=esm.data.Alphabet.from_architecture("ESM-1b"), token_dropout=True)
+        model = ESM2(num_layers=layers, embed_dim=dim, attention_heads=heads, alphabet=alphabet, token_dropout=True)
     empty = {k: _inv_freq(dim // heads) if k.endswith("inv_freq") else torch.empty(v.shape)
              for k, v in model.state_dict().items()}
     state = _randomize(empty, torch.Generator().manual_seed(seed))
     state["lm_head.weight"] = state["embed_tokens.weight"]  # tied in fair-esm (stored once)
-    body = {("encoder." if k.startswith(("lm_head.", "contact_head.")) else "encoder.sentence_encoder.") + k: v
-            for k, v in state.items()}
+    if outliers:
+        _plant_outliers(state, layers, alphabet, seed)
+    return state
+
+
+def write_esm2(kind: str, out: Path, seed: int = 0, outliers: bool = False, hf: bool = False) -> Path:
+    """``NAME.pt`` and ``NAME-contact-regression.pt`` (fair-esm's published layout), and ``NAME-hf/`` if ``hf``."""
+    name, layers, dim, heads = SIZES[kind]
+    state = esm2_state(kind, seed, outliers)
+    regression = {k: state.pop(k) for k in _REGRESSION}  # in their own file, as fair-esm publishes them
+    body = {("encoder." if k.startswith("lm_head.") else "encoder.sentence_encoder.") + k: v for k, v in state.items()}
     cfg = argparse.Namespace(encoder_layers=layers, encoder_embed_dim=dim, encoder_attention_heads=heads,
                              token_dropout=True)
     path = out / f"{name}.pt"
     torch.save({"model": body, "cfg": {"model": cfg}}, path)
+    torch.save({"model": regression}, out / f"{name}-contact-regression.pt")
+    if hf:
+        write_hf_folder({**state, **regression}, kind, out / f"{name}-hf")
     return path
+
+
+def write_hf_folder(state: Dict[str, torch.Tensor], kind: str, folder: Path) -> Path:
+    """The fair-esm ``state`` as a transformers ``EsmForMaskedLM`` folder (safetensors, config, vocabulary)."""
+    from transformers import EsmForMaskedLM
+
+    from ptq_protein.models.esm_keymap import fair_esm2_to_hf, uses_per_layer_rotary
+    from ptq_protein.models.tiny import hf_esm2_config
+    from ptq_protein.models.tokens import esm_tokenizer
+
+    _, layers, dim, heads = SIZES[kind]
+    with torch.device("meta"):
+        model = EsmForMaskedLM(hf_esm2_config(num_layers=layers, embed_dim=dim, heads=heads))
+    mapped = fair_esm2_to_hf(state, rotary_per_layer=uses_per_layer_rotary(model))
+    missing, unexpected = model.load_state_dict(mapped.state_dict, strict=False, assign=True)
+    if missing or unexpected or mapped.unknown:
+        raise RuntimeError(f"{kind}: HF names missing {list(missing)[:4]}, unexpected {list(unexpected)[:4]}, "
+                           f"unmapped fair-esm names {list(mapped.unknown)[:4]}")
+    model.tie_weights()
+    model.save_pretrained(folder)
+    esm_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def _plant_outliers(state: Dict[str, torch.Tensor], layers: int, alphabet, seed: int) -> None:
+    """``plant_outlier_channels_`` (the tiny models' demo strengths) on the state's tensors, in place."""
+    from torch import nn
+
+    from ptq_protein.models.outliers import plant_outlier_channels_
+    from ptq_protein.models.tiny import DEMO_OUTLIERS
+
+    weight = state["embed_tokens.weight"]
+    embedding = nn.Embedding(*weight.shape, padding_idx=alphabet.padding_idx, _weight=weight)  # shares storage
+    fc2 = []
+    for i in range(layers):
+        linear = nn.Linear(1, 1, bias=False, device="meta")
+        linear.weight = nn.Parameter(state[f"layers.{i}.fc2.weight"], requires_grad=False)  # shares storage
+        fc2.append(linear)
+    plant_outlier_channels_(embedding, fc2, DEMO_OUTLIERS, seed=seed, tail_tokens=(alphabet.cls_idx, alphabet.eos_idx))
 
 
 def _inv_freq(head_dim: int) -> torch.Tensor:
@@ -99,10 +161,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("kinds", nargs="+", choices=[*SIZES, "esmfold_trunk"])
     parser.add_argument("--out", type=Path, default=Path("/tmp/ptq13_ckpt"))
+    parser.add_argument("--outliers", action="store_true", help="ESM-2: plant outlier channels (models.outliers)")
+    parser.add_argument("--hf", action="store_true", help="ESM-2: also write the weights as a Hugging Face folder")
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     for kind in args.kinds:
-        path = write_esmfold_trunk(args.out) if kind == "esmfold_trunk" else write_esm2(kind, args.out)
+        path = (write_esmfold_trunk(args.out, args.seed) if kind == "esmfold_trunk"
+                else write_esm2(kind, args.out, args.seed, args.outliers, args.hf))
         sys.stdout.write(f"{kind}: {path} ({path.stat().st_size / 1e9:.2f} GB)\n")
     return 0
 

@@ -1,10 +1,12 @@
-"""One entry point for the benchmarks: ``python -m scripts.bench NAME [args...]`` runs ``scripts/bench_NAME.py``'s main.
+"""One entry point for the benchmarks: ``python -m scripts.bench NAME [args...]`` runs that bench's ``main``.
 
     python -m scripts.bench --list                  # every name and what it measures
     python -m scripts.bench onnx --quick            # same as: python scripts/bench_onnx.py --quick
+    python -m scripts.bench embed --quick           # the bench package's own benches: scripts/bench/embed.py
 
-Each script still runs on its own (``python scripts/bench_X.py``); this file only maps names to them. Run it from
-the repository root. The descriptions are the scripts' docstring first lines, read without importing them.
+Run it from the repository root. Older benches are still files of their own (``scripts/bench_X.py``, runnable
+alone); the bench package (``scripts/bench/``) holds the shared helpers (``common.py``) and the benches that time
+whole processes. The descriptions are the modules' docstring first lines, read without importing them.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
-HERE = Path(__file__).resolve().parent
+SCRIPTS = Path(__file__).resolve().parents[1]
 
-BENCHES: Dict[str, str] = {  # name -> module in scripts/ with main(argv) -> exit code
+BENCHES: Dict[str, str] = {  # name -> module (importable with scripts/ on sys.path) with main(argv) -> exit code
     "quantize": "bench_quantize",
     "artifact_size": "bench_artifact_size",
     "gptq": "bench_gptq",
@@ -32,15 +34,23 @@ BENCHES: Dict[str, str] = {  # name -> module in scripts/ with main(argv) -> exi
     "long_fold": "bench_long_fold",
     "small_commands": "bench_small_commands",
     "tmscore": "bench_tmscore",
-    "embed": "bench_embed",
+    "embed": "bench.embed",
+    "score": "bench.score",
+    "embed_memory": "bench.embed_memory",
+    "onednn_reorders": "bench.onednn_reorders",
     "kernels": "bench_kernels",
     "gpu_check": "gpu_check",
 }
 
 
+def module_file(module: str) -> Path:
+    """The source file of a :data:`BENCHES` module."""
+    return SCRIPTS / (module.replace(".", "/") + ".py")
+
+
 def describe(module: str) -> str:
-    """The first line of ``scripts/<module>.py``'s docstring."""
-    doc = ast.get_docstring(ast.parse((HERE / f"{module}.py").read_text())) or ""
+    """The first line of the module's docstring."""
+    doc = ast.get_docstring(ast.parse(module_file(module).read_text())) or ""
     return doc.splitlines()[0] if doc else ""
 
 
@@ -62,10 +72,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"unknown bench {name!r}; one of: {', '.join(BENCHES)} (python -m scripts.bench --list)",
               file=sys.stderr)
         return 2
-    if str(HERE) not in sys.path:
-        sys.path.insert(0, str(HERE))  # the scripts import their siblings as top-level modules
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))  # the benches import each other as top-level modules (bench.common, ...)
     module = importlib.import_module(BENCHES[name])
-    saved, sys.argv = sys.argv, [str(HERE / f"{BENCHES[name]}.py"), *rest]  # what the script sees run directly
+    saved, sys.argv = sys.argv, [str(module_file(BENCHES[name])), *rest]  # what the script sees run directly
     try:
         return int(module.main(rest) or 0)
     finally:

@@ -1,20 +1,20 @@
 """Peak RSS of embedding with a 650M- or 3B-sized ESM-2 checkpoint: fair-esm's loop (FP32) vs ``ptq-protein embed``.
 
 Random weights in fair-esm's published layout (``make_random_checkpoints.py``, under ``--dir``, never
-committed): a toolkit measurement, not biology. Each row runs in a fresh process under ``/usr/bin/time -v``
-("Maximum resident set size") over the same FASTA (the first 20 bundled sequences, whole; 100 for 3B):
+committed): a toolkit measurement, not biology. Each row is a fresh process whose peak RSS is the child's
+``ru_maxrss`` (``os.wait4``, what ``/usr/bin/time -v`` reports), over the same FASTA (the first 20 bundled
+sequences, whole; 100 for 3B):
 
-* fair-esm ``scripts/extract.py``'s loop: ``load_model_and_alphabet_core`` on the loaded file (what
-  ``load_model_and_alphabet_local`` does, without the contact-regression file), FP32;
+* fair-esm's ``scripts/extract.py`` (``loops/extract.py``: ``load_model_and_alphabet_local``), FP32;
 * ``ptq-protein embed`` on the same checkpoint (FP32);
-* ``ptq-protein embed`` on its ``w8a8-uniform`` artifact, ``backend="int8"``, quantized with ``--low-memory``
-  (streaming writes ``fake`` artifacts: ``embed --backend int8`` runs them on integer GEMMs).
+* ``ptq-protein embed`` on its ``w8a8-uniform`` artifact as typed (no ``--backend``: the default path),
+  quantized with ``--low-memory``.
 
 ``--size 3B``: a 3B-sized checkpoint (36 x 2560, an 11.4 GB file), 100 sequences, int8 ``embed`` of its
 ``--low-memory`` artifact only (fair-esm's loop would hold the 11.4 GB of FP32 weights twice, beyond a 24 GiB
 machine); the goal is an absolute peak under 4 GiB.
 
-Used by ``bench_embed.py --memory``; runnable alone: ``python scripts/bench_embed_memory.py [--size 3B]``.
+Used by ``python -m scripts.bench embed --memory``; alone: ``python -m scripts.bench embed_memory [--size 3B]``.
 """
 
 from __future__ import annotations
@@ -27,10 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from bench_common import markdown_table  # noqa: E402
-from bench_memory import run_timed  # noqa: E402
+from bench.common import SCRIPTS, bundled_records, markdown_table, run_timed, write_fasta
+from bench.prepare import cli as cli_command
 
 TOKS, RECIPE = 4096, "w8a8-uniform"
 
@@ -46,39 +44,15 @@ class Size:
     goal: float  # x fair-esm's loop with anchors, else GiB
 
 
-SIZES = {"650M": Size("esm2_650M", "esm2_t33_650M_UR50D.pt", 20, True, 0.4),
+SIZES = {"650M": Size("esm2_650M", "esm2_t33_650M_UR50D.pt", 20, True, 0.3),
          "3B": Size("esm2_3B", "esm2_t36_3B_UR50D.pt", 100, False, 4.0)}
-
-_FAIR_ESM_LOOP = """
-import argparse, sys, torch, esm
-torch.serialization.add_safe_globals([argparse.Namespace])  # fair-esm's hub files pickle their cfg (torch >= 2.6)
-data = torch.load({path!r}, map_location="cpu")  # load_model_and_alphabet_local, minus the contact-regression file
-model, alphabet = esm.pretrained.load_model_and_alphabet_core("esm2_t33_650M_UR50D", data)
-del data
-model.eval()
-dataset = esm.FastaBatchedDataset.from_file({fasta!r})
-batches = dataset.get_batch_indices({toks}, extra_toks_per_seq=1)
-loader = torch.utils.data.DataLoader(dataset, collate_fn=alphabet.get_batch_converter(1022), batch_sampler=batches)
-with torch.no_grad():
-    for labels, strs, toks in loader:
-        out = model(toks, repr_layers=[model.num_layers])["representations"][model.num_layers]
-        for i, (label, s) in enumerate(zip(labels, strs)):
-            mean = {{model.num_layers: out[i, 1:len(s) + 1].mean(0).clone()}}
-            torch.save({{"label": label, "mean_representations": mean}}, f"{out}/{{label}}.pt")
-"""
-
-
-def _fasta(path: Path, seqs: int) -> Path:
-    from bench_embed import bundled_records
-
-    path.write_text("".join(f">{label}\n{seq}\n" for label, seq in bundled_records(seqs)))
-    return path
 
 
 def _checkpoint(folder: Path, size: Size) -> Path:
+    """The checkpoint and its contact-regression file (fair-esm's loader needs both), written when missing."""
     path = folder / size.file
-    if not path.exists():
-        subprocess.run([sys.executable, str(HERE / "make_random_checkpoints.py"), size.kind, "--out", str(folder)],
+    if not (path.exists() and path.with_name(f"{path.stem}-contact-regression.pt").exists()):
+        subprocess.run([sys.executable, str(SCRIPTS / "make_random_checkpoints.py"), size.kind, "--out", str(folder)],
                        check=True)
     return path
 
@@ -86,20 +60,19 @@ def _checkpoint(folder: Path, size: Size) -> Path:
 def memory_table(folder: Path = Path("/tmp/ptq13_ckpt"), size: str = "650M") -> List[str]:
     """The rows (fresh processes), the int8 row's peak judged against the size's goal."""
     spec = SIZES[size]
-    py = [sys.executable]
-    cli = py + ["-m", "ptq_protein.cli.main"]
-    int8_row = f"embed, {RECIPE} artifact, int8"
+    py, cli = [sys.executable], cli_command()
+    int8_row = f"embed, {RECIPE} artifact (as typed)"
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
-        ckpt, fasta, art = _checkpoint(folder, spec), _fasta(scratch / "seqs.fasta", spec.seqs), scratch / "art"
+        ckpt, art = _checkpoint(folder, spec), scratch / "art"
+        fasta = write_fasta(scratch / "seqs.fasta", bundled_records(spec.seqs))
         quantize = run_timed(cli + ["quantize", str(ckpt), "--preset", RECIPE, "--calib", "casp14:8", "--out",
                                     str(art), "--low-memory", "--quiet", "--check", "0"])
-        commands = {int8_row: cli + ["embed", str(art), str(fasta), "--out", str(_fresh(scratch, "int8")),
-                                     "--backend", "int8", "--quiet"]}
+        commands = {int8_row: cli + ["embed", str(art), str(fasta), "--out", str(_fresh(scratch, "int8")), "--quiet"]}
         if spec.anchors:
             commands = {"fair-esm extract.py loop, FP32 [anchor]":
-                        py + ["-c", _FAIR_ESM_LOOP.format(path=str(ckpt), fasta=str(fasta), toks=TOKS,
-                                                          out=str(_fresh(scratch, "fair")))],
+                        py + [str(SCRIPTS / "bench" / "loops" / "extract.py"), str(ckpt), str(fasta),
+                              str(_fresh(scratch, "fair")), "--include", "mean", "--toks_per_batch", str(TOKS)],
                         "embed, FP32 checkpoint": cli + ["embed", str(ckpt), str(fasta), "--out",
                                                          str(_fresh(scratch, "fp")), "--quiet"],
                         **commands}
