@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from typing import Any, ContextManager, Dict, Iterator
+from typing import Any, ContextManager, Dict
 
 from torch import nn
 
 from ptq_protein.errors import ArtifactError
 from ptq_protein.io_utils import public_source
+from ptq_protein.models.no_init import skip_torch_init
 
 __all__ = ["describe_architecture", "build_architecture", "TRANSFORMERS_CLASSES"]
 
@@ -49,7 +50,7 @@ def build_architecture(desc: Dict[str, Any], initialise: bool = True) -> nn.Modu
     leaves any missing), and the pages of a float weight never written are never resident. An ESM-2 650M
     artifact loaded with ``backend="int8"`` peaked at 3.4 GiB before, from the float weights it replaces.
     """
-    skip = _skip_torch_init if desc.get("library") == "fair-esm" else _no_init_weights
+    skip = skip_torch_init if desc.get("library") == "fair-esm" else _no_init_weights
     with contextlib.nullcontext() if initialise else skip():
         return _build(desc)
 
@@ -60,26 +61,6 @@ def _no_init_weights() -> ContextManager:
     except ImportError:  # transformers < 5 keeps it in modeling_utils
         from transformers.modeling_utils import no_init_weights
     return no_init_weights()
-
-
-_TORCH_INIT = ("uniform_", "normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_", "xavier_uniform_",
-               "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "trunc_normal_", "orthogonal_", "sparse_")
-
-
-@contextlib.contextmanager
-def _skip_torch_init() -> Iterator[None]:
-    """``torch.nn.init``'s functions as no-ops while a fair-esm model is built (its modules initialise through
-    them): transformers' ``no_init_weights`` does the same, but importing it costs about 2 s of CPU."""
-    from torch.nn import init
-
-    saved = {name: getattr(init, name) for name in _TORCH_INIT if hasattr(init, name)}
-    try:
-        for name in saved:
-            setattr(init, name, lambda *args, **kwargs: None)
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(init, name, fn)
 
 
 def _build(desc: Dict[str, Any]) -> nn.Module:

@@ -21,6 +21,7 @@ import torch
 
 from ptq_protein.errors import InputError
 from ptq_protein.models.esmfold_convert import load_checked
+from ptq_protein.models.no_init import skip_torch_init
 
 __all__ = ["esm2_skeleton", "fair_esm2_state", "fill_missing_regression", "load_fair_esm2", "save_fair_esm2"]
 
@@ -29,7 +30,7 @@ _REGRESSION = ("contact_head.regression.weight", "contact_head.regression.bias")
 
 
 def esm2_skeleton(data: Dict[str, Any], path: Path) -> Tuple[torch.nn.Module, Any]:
-    """(``ESM2`` on the meta device, its alphabet) from a fair-esm checkpoint's ``cfg``."""
+    """(``ESM2`` with uninitialised weights, its alphabet) from a fair-esm checkpoint's ``cfg``."""
     import esm
     from esm.model.esm2 import ESM2
 
@@ -41,7 +42,9 @@ def esm2_skeleton(data: Dict[str, Any], path: Path) -> Tuple[torch.nn.Module, An
         raise InputError(f"{path}: not a fair-esm checkpoint layout fair-esm can read ({type(e).__name__}: {e}); "
                          "if you trust the file, try allow_pickle=True") from e
     alphabet = esm.data.Alphabet.from_architecture("ESM-1b")
-    with torch.device("meta"):
+    # not on the meta device: its tensor functions import PyTorch's compiler stack (a second of CPU per command);
+    # uninitialised CPU storage is never touched (the checkpoint's tensors are assigned in its place)
+    with skip_torch_init():
         model = ESM2(alphabet=alphabet, **sizes)
     return model, alphabet
 
