@@ -24,7 +24,8 @@ function on the start of that input; any difference falls back to eager for good
 Policy, from ``PTQ_PROTEIN_FUSED`` or :func:`configure`:
 
 * ``auto`` (default): compile CPU tensors of at least ``min_numel`` values
-  (small tensors are cheaper eagerly than through the compiled call's guards);
+  (small tensors are cheaper eagerly than through the compiled call's guards), once a function has run
+  eagerly :data:`AUTO_AFTER_CALLS` times in the process (compiling costs seconds a short run never repays);
 * ``on``: compile every tensor, CUDA ones too; ``off``: always eager.
 
 CUDA stays eager under ``auto``: Triton may contract ``offset + scale * q`` into
@@ -82,6 +83,11 @@ def settings_from_env() -> FusedSettings:
 
 _settings: Optional[FusedSettings] = None
 _compiled: Dict[Callable, Callable] = {}
+_eager_calls: Dict[Callable, int] = {}  # auto: calls of each function run eagerly so far in this process
+# auto compiles a function once it has run eagerly this many times: importing and tracing torch.compile costs 2-3 s
+# of CPU per process, which a function called once per batch (an int8 model's last LayerNorm input) never repays
+# in a short run, while a fake-backend model calls each of its ~100 quantizers every forward (compiled at once).
+AUTO_AFTER_CALLS = 32
 _broken: Optional[str] = None  # why compilation failed here, once it has
 _checked: set = set()  # functions whose compiled loop matched eager on a real input in this process
 
@@ -169,7 +175,7 @@ def fused_call(fn: Callable[..., torch.Tensor], x: torch.Tensor, *params, channe
     """
     if torch.compiler.is_compiling():  # inside the user's own torch.compile: let it trace fn
         return fn(x, *params)
-    if _wanted(x):
+    if _wanted(x) and _repays(fn):
         global _broken
         flat = (x.reshape(-1, x.shape[-1] if x.dim() else 1) if channels else x.reshape(-1)).contiguous().detach()
         try:
@@ -183,6 +189,14 @@ def fused_call(fn: Callable[..., torch.Tensor], x: torch.Tensor, *params, channe
             log.warning("fused fake quantization is unavailable (%s); running the eager path (set %s=off to "
                         "silence this)", _broken, ENV_VAR)
     return (eager or fn)(x, *params)
+
+
+def _repays(fn: Callable) -> bool:
+    """``on`` compiles at once; ``auto`` after :data:`AUTO_AFTER_CALLS` eager calls of ``fn``."""
+    if settings().mode != "auto" or fn in _compiled:
+        return True
+    _eager_calls[fn] = _eager_calls.get(fn, 0) + 1
+    return _eager_calls[fn] > AUTO_AFTER_CALLS
 
 
 class CompiledMismatch(RuntimeError):
