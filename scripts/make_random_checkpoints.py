@@ -4,9 +4,14 @@ Toolkit check only: the weights are random, so nothing here measures biology.
 Files go under ``--out`` (default /tmp/ptq13_ckpt); never commit them.
 
     python scripts/make_random_checkpoints.py esm2_150M esm2_650M esmfold_trunk
+    python scripts/make_random_checkpoints.py esm2_35M --outliers --hf
 
-* ``esm2_150M`` / ``esm2_650M``: ``esm2_t30_150M_UR50D.pt`` / ``esm2_t33_650M_UR50D.pt`` with fair-esm's key
-  names and ``cfg`` (argparse.Namespace), as fair-esm's hub files.
+* ``esm2_8M`` ... ``esm2_3B``: ``esm2_t6_8M_UR50D.pt`` ... with fair-esm's key names and ``cfg``
+  (argparse.Namespace), as fair-esm's hub files.
+* ``--outliers``: also ``<name>-outliers.pt``, the same weights with trained-ESM-like outlier channels planted
+  (``ptq_protein.models.outliers``, the tiny demo models' ``OutlierSpec()``).
+* ``--hf``: also a transformers ``EsmForMaskedLM`` folder ``<name>-hf/`` (``config.json``, ``model.safetensors``)
+  holding the same weights under transformers' names (and ``<name>-outliers-hf/`` with ``--outliers``).
 * ``esmfold_trunk``: a fair-esm ESMFold file with the v1 trunk (48 folding blocks, structure module) on an
   ESM-2 8M stem; the loader builds its config from the file's partial cfg (trunk: 48 blocks, v1 sizes) and the
   stem's shapes, which equals ``esmfold_trunk_config`` (tested); bench_memory passes it explicitly.
@@ -24,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-SIZES = {"esm2_150M": ("esm2_t30_150M_UR50D", 30, 640, 20), "esm2_650M": ("esm2_t33_650M_UR50D", 33, 1280, 20),
+SIZES = {"esm2_8M": ("esm2_t6_8M_UR50D", 6, 320, 20), "esm2_35M": ("esm2_t12_35M_UR50D", 12, 480, 20),
+         "esm2_150M": ("esm2_t30_150M_UR50D", 30, 640, 20), "esm2_650M": ("esm2_t33_650M_UR50D", 33, 1280, 20),
          "esm2_3B": ("esm2_t36_3B_UR50D", 36, 2560, 40)}
 TRUNK_FILE = "esmfold_trunk_8M_stem.pt"
 
@@ -54,25 +60,65 @@ def _randomize(state, generator):
     return out
 
 
-def write_esm2(kind: str, out: Path, seed: int = 0) -> Path:
-    import esm
-    from esm.model.esm2 import ESM2
-
+def esm2_state(kind: str, seed: int = 0, outliers: bool = False) -> dict:
+    """fair-esm ``ESM2`` state dict (no ``encoder.`` prefixes) of a ``SIZES`` model with random weights."""
     name, layers, dim, heads = SIZES[kind]
-    with torch.device("meta"):
-        model = ESM2(num_layers=layers, embed_dim=dim, attention_heads=heads,
-                     alphabet=esm.data.Alphabet.from_architecture("ESM-1b"), token_dropout=True)
+    model = _esm2(kind, "meta")
     empty = {k: _inv_freq(dim // heads) if k.endswith("inv_freq") else torch.empty(v.shape)
              for k, v in model.state_dict().items()}
     state = _randomize(empty, torch.Generator().manual_seed(seed))
     state["lm_head.weight"] = state["embed_tokens.weight"]  # tied in fair-esm (stored once)
+    if outliers:
+        from ptq_protein.models.outliers import OutlierSpec, plant_outlier_channels_
+
+        model = _esm2(kind, "cpu")
+        model.load_state_dict(state, assign=True)
+        plant_outlier_channels_(model.embed_tokens, [layer.fc2 for layer in model.layers], OutlierSpec(), seed=seed,
+                                tail_tokens=(model.cls_idx, model.eos_idx))
+    return state
+
+
+def write_esm2(kind: str, out: Path, seed: int = 0, outliers: bool = False) -> Path:
+    name, layers, dim, heads = SIZES[kind]
+    state = esm2_state(kind, seed, outliers)
     body = {("encoder." if k.startswith(("lm_head.", "contact_head.")) else "encoder.sentence_encoder.") + k: v
             for k, v in state.items()}
     cfg = argparse.Namespace(encoder_layers=layers, encoder_embed_dim=dim, encoder_attention_heads=heads,
                              token_dropout=True)
-    path = out / f"{name}.pt"
+    path = out / f"{name}{'-outliers' if outliers else ''}.pt"
     torch.save({"model": body, "cfg": {"model": cfg}}, path)
     return path
+
+
+def write_hf_esm2(kind: str, out: Path, seed: int = 0, outliers: bool = False) -> Path:
+    """A transformers ``EsmForMaskedLM`` folder with :func:`write_esm2`'s weights (same kind, seed, outliers)."""
+    from transformers import EsmForMaskedLM
+
+    from ptq_protein.models.esm_keymap import fair_esm2_to_hf, uses_per_layer_rotary
+    from ptq_protein.models.tiny import hf_esm2_config
+
+    name, layers, dim, heads = SIZES[kind]
+    with torch.device("meta"):
+        model = EsmForMaskedLM(hf_esm2_config(num_layers=layers, embed_dim=dim, heads=heads))
+    mapped = fair_esm2_to_hf(esm2_state(kind, seed, outliers), rotary_per_layer=uses_per_layer_rotary(model))
+    model.load_state_dict(mapped.state_dict, assign=True, strict=False)
+    model.tie_weights()
+    meta = [k for k, v in model.state_dict().items() if v.is_meta]
+    if meta:
+        raise RuntimeError(f"{kind}: transformers names without a fair-esm weight: {meta[:4]}")
+    path = out / f"{name}{'-outliers' if outliers else ''}-hf"
+    model.save_pretrained(path)
+    return path
+
+
+def _esm2(kind: str, device: str):
+    import esm
+    from esm.model.esm2 import ESM2
+
+    _, layers, dim, heads = SIZES[kind]
+    with torch.device(device):
+        return ESM2(num_layers=layers, embed_dim=dim, attention_heads=heads,
+                    alphabet=esm.data.Alphabet.from_architecture("ESM-1b"), token_dropout=True)
 
 
 def _inv_freq(head_dim: int) -> torch.Tensor:
@@ -98,12 +144,24 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("kinds", nargs="+", choices=[*SIZES, "esmfold_trunk"])
     parser.add_argument("--out", type=Path, default=Path("/tmp/ptq13_ckpt"))
+    parser.add_argument("--outliers", action="store_true", help="ESM-2: also write the planted-outlier variant")
+    parser.add_argument("--hf", action="store_true", help="ESM-2: also write transformers folders of the same weights")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     for kind in args.kinds:
-        path = write_esmfold_trunk(args.out) if kind == "esmfold_trunk" else write_esm2(kind, args.out)
-        sys.stdout.write(f"{kind}: {path} ({path.stat().st_size / 1e9:.2f} GB)\n")
+        if kind == "esmfold_trunk":
+            _report(kind, write_esmfold_trunk(args.out))
+            continue
+        for outliers in (False, True) if args.outliers else (False,):
+            _report(kind, write_esm2(kind, args.out, outliers=outliers))
+            if args.hf:
+                _report(kind, write_hf_esm2(kind, args.out, outliers=outliers))
     return 0
+
+
+def _report(kind: str, path: Path) -> None:
+    size = sum(f.stat().st_size for f in path.rglob("*")) if path.is_dir() else path.stat().st_size
+    sys.stdout.write(f"{kind}: {path} ({size / 1e9:.2f} GB)\n")
 
 
 if __name__ == "__main__":
