@@ -108,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     compare, skipped, passes, notes, alpha_search = [], [], {}, {}, None
     if budget is None:
         compare, skipped = known_recipes([n for n in compare_names(args, demo) if n.strip() != recipe])
+        _check_sites(loaded.model, recipe, compare)
     check = _fidelity_references(args, loaded, crop)  # before an in-place quantization consumes the FP model
     if budget is not None:
         qmodel = run_auto(args, loaded, budget)
@@ -167,6 +168,21 @@ def _check_recipes(args: argparse.Namespace, recipe: str, budget) -> None:
             cfg.replace(backend=Backend(args.backend))
         except ValueError as err:
             raise ValueError(f"{which} {name} cannot run with --backend {args.backend}: {err}") from err
+
+
+def _check_sites(model, recipe: str, compare) -> None:
+    """Every recipe of this run selects sites of the loaded model: refused now, not after minutes of calibration."""
+    from ptq_protein.models.adapters import get_adapter
+    from ptq_protein.passes.recipe import resolve_recipe
+    from ptq_protein.presets import get_preset
+
+    adapter = get_adapter(model)
+    for name in [recipe, *compare]:
+        cfg = get_preset(name)
+        try:
+            resolve_recipe(cfg).choose(model, adapter, cfg)
+        except ValueError as err:
+            raise ValueError(f"{'--preset' if name == recipe else '--compare'} {name}: {err}") from err
 
 
 def _smoothquant_alpha(args: argparse.Namespace, recipe: str):
