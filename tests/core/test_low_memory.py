@@ -220,3 +220,23 @@ def test_a_mapped_checkpoint_quantizes_in_place_as_one_read_into_memory(tmp_path
     a, b = _tensors(plain), _tensors(mapped)
     assert [k for k in a if not torch.equal(a[k], b[k])] == []
     assert plain.ptq_state.report == mapped.ptq_state.report
+
+
+def test_a_mapped_esmfold_file_smooths_its_trunk_in_place_as_one_in_memory(tmp_path):
+    """fair-esm ESMFold files are memory-mapped too; SmoothQuant folds into the ESM-2 stem and the trunk's
+    LayerNorm -> Linear pairs (trunk.blocks.*), which the released pages had reverted (76 tensors differed)."""
+    import types
+
+    from ptq_protein.models.esmfold_convert import hf_esmfold_to_fair
+    from ptq_protein.models.tiny import tiny_esmfold, tiny_esmfold_config
+
+    model, _ = tiny_esmfold()
+    path = tmp_path / "esmfold.pt"
+    torch.save({"model": dict(hf_esmfold_to_fair(model.state_dict()).state_dict),
+                "cfg": {"model": types.SimpleNamespace(trunk={"num_blocks": 2})}}, path)
+    cfg = tiny_esmfold_config()
+    runs = [pp.quantize(load_model(path, config=cfg, mmap=mm).model, "w8a8-smoothquant", calibration=SEQS[:2],
+                        batch_size=1, inplace=True) for mm in (False, True)]
+    a, b = _tensors(runs[0]), _tensors(runs[1])
+    assert any(k.startswith("trunk.blocks.") for k in a)
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
