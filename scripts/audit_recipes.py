@@ -104,19 +104,27 @@ def table(results: Dict[str, dict], presets: Sequence[str], sources: Sequence[st
     head = "| preset | " + " | ".join(f"{s}: rel. err / top-1 / exit" for s in sources) + " |"
     lines = [head, "|" + "---|" * (len(sources) + 1)]
     for preset in presets:
-        cells = [_cell(results.get(f"{s}/{preset}")) for s in sources]
+        cells = [_cell(preset, results.get(f"{s}/{preset}")) for s in sources]
         lines.append(f"| {preset} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def _cell(case: Optional[dict]) -> str:
+def _verdict(preset: str, case: dict) -> Optional[dict]:
+    """The verdict the quantize of today gives these metrics (for results recorded by code without one)."""
+    from ptq_protein.presets import get_preset
+    from ptq_protein.workflows.fidelity_bound import recipe_bound, verdict
+
+    return verdict(recipe_bound(get_preset(preset)), {k: v for k, v in case.items() if isinstance(v, float)})
+
+
+def _cell(preset: str, case: Optional[dict]) -> str:
     if case is None:
         return "not run"
     if "relative_error" not in case:
         why = case["stderr"][-1] if case["stderr"] else "no output"
         return f"exit {case['exit']}: {why[:60]}"
-    verdict = case.get("verdict") or {}
-    flag = " **flagged**" if verdict.get("within") is False else ""
+    verdict = case.get("verdict") or _verdict(preset, case) or {}
+    flag = " **outside**" if verdict.get("within") is False else ""
     top1 = case.get("top1_agreement")
     top1 = f"{top1:.3f}" if top1 is not None else "-"
     return f"{case['relative_error']:.4f} / {top1} / {case['exit']}{flag}"
@@ -162,7 +170,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             results[key] = run_case(args.python.split(), models[source], preset, args.calib,
                                     args.out / "artifact", env)
             store.write_text(json.dumps(results, indent=1))
-            sys.stderr.write(f"{key}: {_cell(results[key])}\n")
+            sys.stderr.write(f"{key}: {_cell(preset, results[key])}\n")
     sys.stdout.write(f"{args.size}, calibration {args.calib}; random weights (toolkit check, not biology)\n\n")
     sys.stdout.write(table(results, presets, sources) + "\n")
     return 0
