@@ -95,7 +95,11 @@ def choose_fidelity_sequences(calibration: CalibrationArg, n: int,
 def recipe_row(cfg: QuantConfig, qmodel: nn.Module, references: Sequence[Reference]) -> ComparisonRow:
     """Fidelity of ``qmodel`` (quantized with ``cfg``) against the FP ``references``."""
     metrics = compare_to_reference(qmodel, references, get_adapter(qmodel))
-    plan = getattr(getattr(qmodel, "ptq_state", None), "plan", None)
+    state = getattr(qmodel, "ptq_state", None)
+    plan = getattr(state, "plan", None)
+    if cfg.study is not None and cfg.weights is not None and state is not None and not any(
+            str(how).startswith("W") for how in state.quantized.values()):
+        cfg = cfg.replace(weights=None)  # the study's W8 found no tensor under its prefixes: the weights stayed FP
     found = verdict(recipe_bound(cfg, plan), metrics)
     if plan is not None:
         return ComparisonRow(cfg.name, *plan_widths(plan), {"avg_bits": plan.avg_bits, **metrics}, found)
