@@ -28,19 +28,33 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import logging
 import platform
 import sys
 from pathlib import Path
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 from torch import nn
 
 from ptq_protein import __version__
-from ptq_protein.api import CalibrationInfo, QuantState
-from ptq_protein.artifact_hf import HF_CONFIG, TOKENIZER_FILES, copy_tokenizer_files, hf_config, tokenizer_source
+from ptq_protein.api import QuantState
+from ptq_protein.artifact_build import build_from_recipe, warn_if_unfaithful
+from ptq_protein.artifact_hf import (
+    HF_CONFIG,
+    TOKENIZER_FILES,
+    copy_tokenizer_files,
+    hf_config,
+    tokenizer_source,
+    write_esm_tokenizer,
+)
 from ptq_protein.artifact_seal import (
+    DTYPES,
+    RECIPE,
+    REPORT_JSON,
+    REPORT_MD,
     SEAL_KEY,
+    TENSORS,
     TENSORS_DIGEST,
     canonical_json,
     check_files_entry,
@@ -53,29 +67,24 @@ from ptq_protein.artifact_seal import (
 )
 from ptq_protein.artifact_tensors import check_header, read_tensors
 from ptq_protein.calibration.matmul_sites import QuantMatmulHost
-from ptq_protein.calibration.sites import Site, set_module
-from ptq_protein.config import Backend, QuantConfig, SiteKind, TensorQuant
+from ptq_protein.calibration.sites import Site
+from ptq_protein.config import Backend, QuantConfig
 from ptq_protein.errors import ArtifactError
 from ptq_protein.io_utils import atomic_dir, check_out_path, public_source
-from ptq_protein.kernels.packing import pack_int4, unpack_int4
+from ptq_protein.kernels.packing import pack_int4
 from ptq_protein.model_card import CARD, model_card
-from ptq_protein.models.architecture import build_architecture, describe_architecture
-from ptq_protein.models.float_dtypes import apply_float_dtypes, float_dtypes, main_dtype
-from ptq_protein.nn.backend_choice import announce, choose_backend
-from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
-from ptq_protein.nn.pair_int8 import use_pair_int8
-from ptq_protein.nn.special_tokens import apply_special_tokens_
+from ptq_protein.models.architecture import describe_architecture
+from ptq_protein.models.float_dtypes import float_dtypes, main_dtype
+from ptq_protein.nn.modules import QuantInput, QuantLinear
 from ptq_protein.process_memory import loading
-from ptq_protein.quant.codebook import PiecewiseCodebook
 from ptq_protein.report import report_markdown
-from ptq_protein.site_plan import MixedPlan
 
 __all__ = ["save", "load", "is_artifact_dir", "check_artifact_out", "ARTIFACT_FORMAT", "ARTIFACT_VERSION"]
 
+log = logging.getLogger(__name__)
+
 ARTIFACT_FORMAT = "ptq-protein-artifact"
-DTYPES = "dtypes"  # recipe field: the floating dtype the model runs in (see models/float_dtypes)
 ARTIFACT_VERSION = 3  # 3: the seal binds the tensors' digest too; 2: recipe sealed, tensors not; 1 had no seal
-TENSORS, RECIPE, REPORT_JSON, REPORT_MD = "model.safetensors", "recipe.json", "report.json", "report.md"
 
 
 # everything save() writes: all that --force may replace
@@ -182,10 +191,13 @@ def check_saveable(config: QuantConfig) -> None:
 
 
 def save(qmodel: nn.Module, path: Union[str, Path], *, force: bool = False,
-         model_info: Optional[Dict[str, Any]] = None, fidelity_markdown: Optional[str] = None) -> Path:
+         model_info: Optional[Dict[str, Any]] = None, fidelity_markdown: Optional[str] = None,
+         fidelity: Optional[Dict[str, Any]] = None) -> Path:
     """Write `qmodel` (from `ptq_protein.quantize`) to the folder `path`, atomically.
 
-    `fidelity_markdown` (a table) goes into the model card's fidelity section.
+    `fidelity_markdown` (a table) goes into the model card's fidelity section. `fidelity`, the
+    quantize check's metrics and verdict (`ptq_protein.workflows.fidelity_bound`), is sealed into the
+    recipe; `load` warns when it says the check was outside its recipe's bound.
     """
     from safetensors.torch import save_file
 
@@ -212,6 +224,7 @@ def save(qmodel: nn.Module, path: Union[str, Path], *, force: bool = False,
             "mixed_precision": None if state.plan is None else state.plan.to_dict(),
             TENSORS_DIGEST: tensors_sha256(tensors), DTYPES: float_dtypes(qmodel),
             **({"tokenizer_files": tokenizer} if tokenizer else {}),  # absent without: older recipes unchanged
+            **({"fidelity": fidelity} if fidelity is not None else {}),
         }
         recipe = json.loads(json.dumps(recipe))  # exactly what recipe.json will hold (tuples -> lists)
         save_file(tensors, str(tmp / TENSORS), metadata={"format": ARTIFACT_FORMAT, SEAL_KEY: canonical_json(recipe)})
@@ -220,6 +233,8 @@ def save(qmodel: nn.Module, path: Union[str, Path], *, force: bool = False,
         config = hf_config(qmodel, state.config.name, ARTIFACT_VERSION, main_dtype(recipe[DTYPES]))
         if config is not None:
             (tmp / HF_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True))
+        if config is not None and recipe["architecture"]["library"] == "fair-esm":
+            write_esm_tokenizer(tmp)  # not sealed: checked when transformers opens it (artifact_fair_hf)
         (tmp / CARD).write_text(model_card(recipe, fidelity_markdown))
     return path
 
@@ -287,22 +302,6 @@ def _verify(path: Path, recipe: Dict[str, Any]) -> None:
                                 "was modified; re-run quantize (or restore the file)")
 
 
-def _linear_shell(name: str, entry: Dict[str, Any], tensors: Dict[str, torch.Tensor], backend: Backend) -> QuantLinear:
-    """A QuantLinear of the site's shape and specs on the meta device: ``load`` gives it the read tensors."""
-    wspec = None if entry["weight_spec"] is None else TensorQuant.from_dict(entry["weight_spec"])
-    quant = ActQuantizer.from_state(entry["input_quant"]) if "input_quant" in entry else None
-    codebook = PiecewiseCodebook.from_dict(entry["weight_codebook"]) if "weight_codebook" in entry else None
-    if wspec is not None and f"{name}.weight_packed" in tensors:
-        tensors[f"{name}.weight_codes"] = unpack_int4(tensors.pop(f"{name}.weight_packed"), entry["in_features"])
-    def get(key: str) -> Optional[torch.Tensor]:
-        return tensors[key].to("meta") if key in tensors else None
-
-    return QuantLinear(entry["in_features"], entry["out_features"], weight=get(f"{name}.weight"),
-                       weight_codes=get(f"{name}.weight_codes"), weight_scale=get(f"{name}.weight_scale"),
-                       weight_zero_point=get(f"{name}.weight_zero_point"), weight_spec=wspec,
-                       bias=get(f"{name}.bias"), input_quant=quant, backend=backend, weight_codebook=codebook)
-
-
 @loading()  # its freed temporaries go back to the system; the heap is trimmed after
 def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = None,
          engine: str = "auto") -> nn.Module:
@@ -323,58 +322,19 @@ def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = N
     _check_device(device)
     if backend is not None and backend not in {b.value for b in Backend}:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(b.value for b in Backend)}")
+    recipe, tensors = read_verified(path)
+    model = build_from_recipe(recipe, tensors, path, backend, device)
+    return set_engine(model.eval().to(device), engine)
+
+
+def read_verified(path: Path) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]]:
+    """The artifact's recipe and tensors, each checked against the seal (see the module docstring)."""
     recipe = _read_recipe(path)
     _verify(path, recipe)
-    tensors = read_tensors(path / TENSORS)  # owned, read once: the model adopts them below (no second copy)
+    warn_if_unfaithful(recipe, path)
+    tensors = read_tensors(path / TENSORS)  # owned, read once: the model adopts them (no second copy)
     check_tensors(recipe, tensors, path / RECIPE, path / TENSORS)
-    config = QuantConfig.from_dict(recipe["config"])
-    if backend is None:  # the fastest path whose integers are exact here (nn.backend_choice), said once
-        chosen, why = choose_backend(config.backend, torch.device(device))
-        announce(why)
-        config = config.replace(backend=chosen)
-    else:
-        config = config.replace(backend=Backend(backend))
-    model = build_architecture(recipe["architecture"], initialise=False)  # every tensor is loaded below
-    from ptq_protein.models.adapters import get_adapter
-
-    adapter = get_adapter(model)
-    adapter.prepare(model)
-    for name, entry in recipe["sites"].items():
-        if entry["kind"] == "linear":
-            set_module(model, name, _linear_shell(name, entry, tensors, config.backend))
-        elif entry["kind"] == "matmul":
-            quants = {k: ActQuantizer.from_state(v) for k, v in entry["operands"].items()}
-            set_module(model, name, QuantMatmulHost(model.get_submodule(name), name, quants))
-        else:
-            set_module(model, name,
-                       QuantInput(model.get_submodule(name), ActQuantizer.from_state(entry["input_quant"])))
-    for alias, target in recipe.get("aliases", {}).items():
-        tensors[alias] = tensors[target]
-    missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
-    if missing or unexpected:
-        raise ArtifactError(f"artifact tensors do not fit the architecture (missing {missing[:3]}, unexpected "
-                            f"{unexpected[:3]}); the artifact is corrupt or from another release: re-run quantize")
-    apply_float_dtypes(model, recipe.get(DTYPES), path / RECIPE)  # the dtype it was saved in (.half(), ...)
-    apply_special_tokens_(model, adapter, config)
-    if config.pair_bits is not None:
-        use_pair_int8(model, config.pair_bits)
-    sites = [Site(s["name"], SiteKind(s["kind"]), s["group"], s["module_type"],
-                  s["is_head"]) for s in recipe["site_list"]]
-    calib = recipe.get("calibration")
-    report = json.loads((path / REPORT_JSON).read_text())  # verified above: a plain file with the sealed sha256
-    plan = recipe.get("mixed_precision")
-    try:
-        plan = None if plan is None else MixedPlan.from_dict(plan)
-    except ValueError as err:
-        raise ArtifactError(f"{path / RECIPE}: its mixed-precision plan is invalid ({err}); "
-                            "re-run quantize --auto") from err
-    model.ptq_state = QuantState(config, recipe["family"], sites, {n: e["kind"] for n, e in recipe["sites"].items()},
-                                 None if calib is None else CalibrationInfo(**calib), report,
-                                 recipe.get("fp_sites", []),
-                                 plan=plan)
-    model.ptq_recipe = recipe
-    del tensors  # the skeleton's float weights, replaced above, were freed: loading() trims them
-    return set_engine(model.eval().to(device), engine)
+    return recipe, tensors
 
 
 def _check_device(device: Any) -> None:

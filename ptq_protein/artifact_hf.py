@@ -2,9 +2,12 @@
 
 ``config.json`` is the source model's transformers config plus a
 ``quantization_config`` (``quant_method: "ptq_protein"``, the recipe, the
-artifact format). ``import ptq_protein`` registers that method with
-transformers (:mod:`ptq_protein.interop.hf_hook`), so ``from_pretrained``
-rebuilds the model through :func:`ptq_protein.artifact.load` with its checks.
+artifact format); for a fair-esm ESM-2 it is the ``EsmForMaskedLM`` config of
+the same shapes (:func:`esm2_config`), written with the ESM alphabet's tokenizer
+files, so transformers opens those too (:mod:`ptq_protein.artifact_fair_hf`).
+``import ptq_protein`` registers that method with transformers
+(:mod:`ptq_protein.interop.hf_hook`), so ``from_pretrained`` rebuilds the model
+through :func:`ptq_protein.artifact.load` with its checks.
 
 Without ptq-protein, transformers must not load the integer tensors as if they
 were float weights (it would initialise every missing weight at random). The
@@ -32,8 +35,7 @@ from torch import nn
 from ptq_protein.io_utils import public_source
 
 __all__ = ["HF_CONFIG", "QUANT_METHOD", "INSTALL_HINT", "INSTALL_FROM_SOURCE", "SOURCE_REPO", "TOKENIZER_FILES",
-           "hf_config", "tokenizer_source",
-           "copy_tokenizer_files"]
+           "hf_config", "esm2_config", "tokenizer_source", "copy_tokenizer_files", "write_esm_tokenizer"]
 
 HF_CONFIG = "config.json"
 QUANT_METHOD = "ptq_protein"
@@ -55,15 +57,42 @@ def hf_config(qmodel: nn.Module, recipe_name: str, format_version: int,
     ``config.json`` whose ``dtype`` differs from it (an edit that would change outputs).
     """
     config = getattr(qmodel, "config", None)
-    if config is None or not hasattr(config, "to_dict") or not hasattr(qmodel, "save_pretrained"):
+    if type(qmodel).__name__ == "ESM2":  # fair-esm: transformers opens it as EsmForMaskedLM (artifact_fair_hf)
+        out = esm2_config(_esm2_kwargs(qmodel), dtype)
+    elif config is None or not hasattr(config, "to_dict") or not hasattr(qmodel, "save_pretrained"):
         return None
-    out = config.to_dict()
-    out["architectures"], out["dtype"] = [type(qmodel).__name__], dtype
+    else:
+        out = config.to_dict()
+        out["architectures"], out["dtype"] = [type(qmodel).__name__], dtype
     out["_name_or_path"] = public_source(out.get("_name_or_path", ""))  # uploaded with push_to_hub: no local path
     out["quantization_config"] = {"quant_method": QUANT_METHOD, "recipe": recipe_name,
                                   "format_version": format_version}
     out["transformers_weights"] = INSTALL_HINT
     return json.loads(json.dumps(out, default=str))
+
+
+def esm2_config(kwargs: Dict[str, Any], dtype: str = "float32") -> Dict[str, Any]:
+    """The ``EsmForMaskedLM`` config (as a dict) of a fair-esm ``ESM2`` built with ``kwargs`` (its constructor's
+    ``num_layers``, ``embed_dim``, ``attention_heads``, ``token_dropout``), as transformers' converter writes it."""
+    from ptq_protein.models.tiny import hf_esm2_config
+
+    config = hf_esm2_config(num_layers=kwargs["num_layers"], embed_dim=kwargs["embed_dim"],
+                            heads=kwargs["attention_heads"], token_dropout=kwargs.get("token_dropout", True))
+    out = config.to_dict()
+    out["architectures"], out["dtype"] = ["EsmForMaskedLM"], dtype
+    return json.loads(json.dumps(out, default=str))
+
+
+def _esm2_kwargs(qmodel: nn.Module) -> Dict[str, Any]:
+    return {"num_layers": qmodel.num_layers, "embed_dim": qmodel.embed_dim, "attention_heads": qmodel.attention_heads,
+            "token_dropout": bool(qmodel.token_dropout)}
+
+
+def write_esm_tokenizer(dest: Path) -> None:
+    """The ESM-2 alphabet's transformers tokenizer files, for a fair-esm artifact (its source has none)."""
+    from ptq_protein.models.tokens import esm_tokenizer
+
+    esm_tokenizer().save_pretrained(str(dest))
 
 
 def tokenizer_source(qmodel: nn.Module, model_info: Optional[Dict[str, Any]]) -> Optional[Path]:

@@ -38,9 +38,12 @@ from typing import Any, Dict, Mapping, Optional
 from ptq_protein.digests import file_sha256
 from ptq_protein.errors import ArtifactError
 
-__all__ = ["SEAL_KEY", "TENSORS_DIGEST", "canonical_json", "first_difference", "recipe_body", "file_sha256",
+__all__ = ["TENSORS", "RECIPE", "REPORT_JSON", "REPORT_MD", "DTYPES",
+           "SEAL_KEY", "TENSORS_DIGEST", "canonical_json", "first_difference", "recipe_body", "file_sha256",
            "tensors_sha256", "check_tensors", "plain_file", "check_files_entry", "check_sealed", "check_recipe_object"]
 
+TENSORS, RECIPE, REPORT_JSON, REPORT_MD = "model.safetensors", "recipe.json", "report.json", "report.md"
+DTYPES = "dtypes"  # recipe field: the floating dtype the model runs in (see models/float_dtypes)
 SEAL_KEY = "recipe"  # safetensors metadata key holding the canonical JSON of the recipe body
 FILES = "files"      # the one recipe section outside the seal (it records the sealed tensor file's checksum)
 TENSORS_DIGEST = "tensors_sha256"  # sealed recipe field: digest of the tensors themselves (see tensors_sha256)

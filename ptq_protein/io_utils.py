@@ -271,7 +271,7 @@ def file_lock(path: PathLike, wait: bool = True, purpose: str = "this file") -> 
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError as err:
-            holder = _read_holder(fd) or "another process"
+            holder = _holder_soon(fd) or "another process"
             raise BusyError(f"{purpose} is in use by {holder} (lock {path}); wait for that run to finish, or use "
                             "another output folder") from err
         previous = _read_holder(fd)
@@ -294,6 +294,18 @@ def folder_lock(folder: PathLike) -> Iterator[None]:
     folder = Path(folder)
     with file_lock(folder / LOCK_NAME, wait=False, purpose=f"output folder {folder}"):
         yield
+
+
+def _holder_soon(fd: int, tries: int = 20) -> str:
+    """The holder line, waiting up to ~0.2 s: the holder writes it just after taking the lock."""
+    import time
+
+    for _ in range(tries):
+        holder = _read_holder(fd)
+        if holder:
+            return holder
+        time.sleep(0.01)
+    return ""
 
 
 def _read_holder(fd: int) -> str:

@@ -61,7 +61,24 @@ def quantize_dynamic(fp: Path, out: Path, weights: str = "s8", per_channel: bool
     return Path(out)
 
 
+PAD = 1  # the ESM alphabet's <pad> id
+
+
 def logits_fn(path: Path, threads: int, input_name: str = "tokens") -> Callable[[torch.Tensor], torch.Tensor]:
-    """``tokens -> logits`` through an ONNX Runtime CPU session of the graph at ``path``."""
+    """``tokens -> logits`` through an ONNX Runtime CPU session of the graph at ``path``.
+
+    A graph that also takes ``attention_mask`` (``pp.export_onnx``'s) gets ``tokens != <pad>``; the output read
+    is the one named ``logits`` (an export lists ``last_hidden_state`` first), else the graph's only one.
+    """
     session = ort_session(path, threads)
-    return lambda tokens: torch.from_numpy(session.run(None, {input_name: tokens.numpy()})[0])
+    wanted = {i.name for i in session.get_inputs()}
+    outputs = [o.name for o in session.get_outputs()]
+    output = ["logits"] if "logits" in outputs else outputs[:1]
+
+    def run(tokens: torch.Tensor) -> torch.Tensor:
+        feed = {input_name: tokens.numpy()}
+        if "attention_mask" in wanted:
+            feed["attention_mask"] = (tokens != PAD).long().numpy()
+        return torch.from_numpy(session.run(output, feed)[0])
+
+    return run

@@ -380,3 +380,28 @@ def test_bench_entry_point_lists_and_dispatches_every_bench(capsys):
     with pytest.raises(SystemExit) as exit_:
         bench.main(["embed", "--help"])
     assert exit_.value.code == 0 and "--isa" in capsys.readouterr().out
+
+
+def test_the_exported_onnx_row_runs_on_what_the_graph_takes():
+    """``pp.export_onnx``'s graph takes input_ids and attention_mask and lists last_hidden_state first: the bench's
+    session feeds both and reads ``logits`` (it fed input_ids alone: ``python -m scripts.bench cpu_int8 --quick``
+    crashed in ONNX Runtime)."""
+    pytest.importorskip("onnxruntime")
+    import esm
+    import torch
+
+    import ptq_protein as pp
+    from ptq_protein.models.tiny import tiny_esm2
+
+    bench = _load("bench_cpu_int8")
+    model = tiny_esm2(seed=0)[0]
+    seqs = ["MKTAYIAKQRQISFVKSHFSRQ", "GSHMLEDPVAGK", "MQIFVKTLTGKTITLEVEPSDTIENVKA"]
+    tokens = esm.data.Alphabet.from_architecture("ESM-1b").get_batch_converter()(
+        [(str(i), s) for i, s in enumerate(seqs)])[2]  # padded: the mask matters
+    fast = pp.quantize(model, "w8a8-uniform", calibration=seqs, backend="int8")
+    got = bench.exported_row(fast, tokens, 1)(tokens)["logits"]
+    with torch.no_grad():
+        want = fast(tokens)["logits"]
+    keep = tokens != 1
+    assert got.shape == want.shape
+    assert float((got[keep] - want[keep]).norm() / want[keep].norm()) < 1e-2  # the same model, another engine

@@ -50,6 +50,8 @@ def print_comparison(comparison: Dict[str, Any], demo: bool) -> None:
 
 def comparison_lines(comparison: Dict[str, Any], demo: bool) -> List[str]:
     """The fidelity table as printed (and copied into the model card)."""
+    from ptq_protein.workflows.fidelity_bound import verdict_line
+
     lines: List[str] = []
     seqs = comparison["sequences"]
     lengths = "/".join(map(str, sorted(set(seqs["lengths"]))))
@@ -66,12 +68,17 @@ def comparison_lines(comparison: Dict[str, Any], demo: bool) -> List[str]:
     for row in rows:
         bits = f"{_bits(row['weight_bits'])}/{_bits(row['activation_bits'])}"
         last = f"  {row[key]:>{len(label)}.4f}" if key else ""
-        lines.append(f"  {row['recipe']:<{width}}  {bits:>8}  {row['relative_error']:>10.4f}{last}")
+        outside = (row.get("verdict") or {}).get("within") is False
+        lines.append(f"  {row['recipe']:<{width}}  {bits:>8}  {row['relative_error']:>10.4f}{last}"
+                     + ("  << outside its bound" if outside else ""))
         if "avg_bits" in row:
             lines.append(f"  note: {row['recipe']} is a mixed plan: widths per unit as shown, {row['avg_bits']:.2f} "
                          "bits per value on average")
     for name, note in comparison["calibration"]["notes"].items():
         lines.append(f"  note: {name} {note}")
+    for row in rows:
+        if (row.get("verdict") or {}).get("within") is False:
+            lines.append(f"  note: {verdict_line(row['recipe'], row['verdict'])}")
     return lines
 
 

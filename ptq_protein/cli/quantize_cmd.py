@@ -20,6 +20,8 @@ from ptq_protein.cli.common import (
 from ptq_protein.cli.compare_table import add_check_options, compare_names, comparison_lines, print_comparison
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, load_float_model
 
+EXIT_FIDELITY = 3  # the artifact was written, but its own check is far outside what its recipe gives
+
 EXAMPLES = """examples:
   ptq-protein quantize tiny-esmfold --bits 8                      # the embedded demo, no weights needed
   ptq-protein quantize tiny-esm2 --compare w8a8-uniform,a8-pwlq   # also check other recipes, one calibration pass
@@ -106,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     compare, skipped, passes, notes, alpha_search = [], [], {}, {}, None
     if budget is None:
         compare, skipped = known_recipes([n for n in compare_names(args, demo) if n.strip() != recipe])
+        _check_sites(loaded.model, recipe, compare)
     check = _fidelity_references(args, loaded, crop)  # before an in-place quantization consumes the FP model
     if budget is not None:
         qmodel = run_auto(args, loaded, budget)
@@ -119,13 +122,14 @@ def run(args: argparse.Namespace) -> int:
         qmodel = pp.quantize(loaded.model, target, calibration=args.calib, statistics=passes[recipe],
                              backend=args.backend, batch_size=args.batch_size, progress=show_progress(args),
                              num_recycles=args.num_recycles, calib_max_length=crop, inplace=not compare)
-    summary = _summary(qmodel, out, recipe, _save(qmodel, out, args, loaded))
+    comparison = _fidelity(qmodel, check) if check is not None else None  # before saving: the verdict is sealed
+    summary = _summary(qmodel, out, recipe, _save(qmodel, out, args, loaded, comparison))
     if alpha_search:
         summary["smoothquant_alpha"] = alpha_search
     if qmodel.ptq_state.plan is not None:
         summary["plan"] = qmodel.ptq_state.plan.to_dict()
-    if check is not None:
-        comparison = _fidelity(qmodel, check)
+    if comparison is not None:
+        summary["fidelity_verdict"] = comparison["rows"][0].get("verdict")
         del qmodel  # the compared recipes are built one at a time next to the FP model
         comparison["rows"] += _compare_rows(args, loaded, compare, passes, comparison.pop("references"))
         comparison.update(skipped=skipped, calibration={"passes": len({id(p) for p in passes.values() if p}),
@@ -164,6 +168,21 @@ def _check_recipes(args: argparse.Namespace, recipe: str, budget) -> None:
             cfg.replace(backend=Backend(args.backend))
         except ValueError as err:
             raise ValueError(f"{which} {name} cannot run with --backend {args.backend}: {err}") from err
+
+
+def _check_sites(model, recipe: str, compare) -> None:
+    """Every recipe of this run selects sites of the loaded model: refused now, not after minutes of calibration."""
+    from ptq_protein.models.adapters import get_adapter
+    from ptq_protein.passes.recipe import resolve_recipe
+    from ptq_protein.presets import get_preset
+
+    adapter = get_adapter(model)
+    for name in [recipe, *compare]:
+        cfg = get_preset(name)
+        try:
+            resolve_recipe(cfg).choose(model, adapter, cfg)
+        except ValueError as err:
+            raise ValueError(f"{'--preset' if name == recipe else '--compare'} {name}: {err}") from err
 
 
 def _smoothquant_alpha(args: argparse.Namespace, recipe: str):
@@ -209,20 +228,32 @@ def _tuned_recipe(args: argparse.Namespace, loaded, recipe: str, alpha, crop):
                    "trials": [t.to_dict() for t in trials]}
 
 
-def _save(qmodel, out: Path, args: argparse.Namespace, loaded) -> str:
-    """Write the artifact; returns the model's name for the summary."""
+def _save(qmodel, out: Path, args: argparse.Namespace, loaded, comparison: Optional[dict] = None) -> str:
+    """Write the artifact (with the fidelity check's row and verdict, if one ran); returns the model's name."""
     import ptq_protein as pp
 
     info = _model_info(args, loaded)
-    pp.save(qmodel, out, force=args.force, model_info=info)
+    row = None if comparison is None else comparison["rows"][0]
+    fidelity = None if row is None else {"sequences": comparison["sequences"]["ids"], **row}
+    pp.save(qmodel, out, force=args.force, model_info=info, fidelity=fidelity)
     return info["name"]
 
 
 def _report(summary: dict, args: argparse.Namespace, demo: bool) -> int:
+    """Print the summary; exit 3 when the check is far outside its recipe's bound (the artifact says so too)."""
+    import sys
+
+    from ptq_protein.workflows.fidelity_bound import verdict_line
+
     if args.json:
         print_json(summary)
     else:
         _print_summary(summary, demo)
+    found = summary.get("fidelity_verdict")
+    if found and not found["within"]:
+        print(f"ptq-protein quantize: warning: {verdict_line(summary['recipe'], found)}; {summary['artifact']} "
+              "is marked so (embed, score, fold and pp.load say it) and this exits with code 3", file=sys.stderr)
+        return EXIT_FIDELITY
     return 0
 
 

@@ -81,6 +81,8 @@ class PtqProteinQuantizer(HfQuantizer):
         # transformers reads the integer tensors under names its model lacks; the whole model is replaced after
         model._keys_to_ignore_on_load_missing = {".*"}
         model._keys_to_ignore_on_load_unexpected = {".*"}
+        if isinstance(getattr(model, "all_tied_weights_keys", None), dict):  # transformers 5
+            model.all_tied_weights_keys = {}  # nothing to tie either (a fair-esm artifact has no such names)
         # The trunk is always replaced after loading (become / graft_trunk): marked initialised, transformers does not
         # fill its float weights with random values first (an ESM-2 650M artifact's load: 3.5 -> 1.1 GiB resident).
         # A task head (classifier) is not marked: it stays float and new, initialised as usual.
@@ -89,9 +91,10 @@ class PtqProteinQuantizer(HfQuantizer):
         return model
 
     def _process_model_after_weight_loading(self, model: PreTrainedModel, **kwargs: Any):
-        from ptq_protein.artifact import DTYPES, load
+        from ptq_protein.artifact import DTYPES
+        from ptq_protein.artifact_fair_hf import load_as_transformers
 
-        loaded = load(self.folder, device=self.device)
+        loaded = load_as_transformers(self.folder, device=self.device)
         sealed = main_dtype(loaded.ptq_recipe.get(DTYPES))
         written = json.loads((self.folder / HF_CONFIG).read_text()).get("dtype")  # transformers has read it
         if written != sealed:  # config.json is not read for the model, but its dtype would cast it
@@ -129,6 +132,9 @@ def become(model: PreTrainedModel, loaded: nn.Module, folder: Path) -> None:
                 return
             raise ValueError(f"{folder} holds a quantized {type(loaded).__name__}; load it with "
                              f"{type(loaded).__name__}.from_pretrained (or AutoModel), not {type(model).__name__}")
+    asked = getattr(model.config, "_attn_implementation", None)  # from_pretrained(attn_implementation=...)
+    if asked is not None and hasattr(source.config, "_attn_implementation"):
+        source.config._attn_implementation = asked
     model.__dict__.clear()
     model.__dict__.update(source.__dict__)
     if source is not loaded:  # part of the model: keep the special-token context reset the whole model had

@@ -28,12 +28,13 @@ ESM-1b/1v (learned positions) use other names and are not covered.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from typing import Dict, List, Mapping, Optional, Tuple
 
 import torch
 
-__all__ = ["KeyMapping", "fair_esm2_to_hf", "hf_to_fair_esm2", "uses_per_layer_rotary"]
+__all__ = ["KeyMapping", "fair_esm2_to_hf", "hf_to_fair_esm2", "fair_name_to_hf", "uses_per_layer_rotary"]
 
 # (fair-esm name, transformers name, scope): "{i}" is a layer index, "{p}" weight|bias.
 _TABLE: Tuple[Tuple[str, str, str], ...] = (
@@ -137,6 +138,37 @@ def hf_to_fair_esm2(state_dict: Mapping[str, torch.Tensor], *, enc_prefix: str =
         else:
             unknown.append((enc_prefix if scope == "enc" else str(head_prefix)) + name)
     return KeyMapping(out, tuple(dropped), tuple(unknown))
+
+
+def fair_name_to_hf(name: str, *, enc_prefix: str = "esm.", head_prefix: str = "lm_head.") -> Optional[str]:
+    """The transformers name of a fair-esm ``ESM2`` module, or of anything under one (a quantized module's
+    ``layers.0.fc1.weight_codes``, a wrapped LayerNorm's ``...module.weight``); None where there is none
+    (the rotary tables: :func:`fair_esm2_to_hf` maps those, shared or per layer).
+
+    Example: ``fair_name_to_hf("layers.3.self_attn.q_proj.input_quant.scale")`` is
+    ``"esm.encoder.layer.3.attention.self.query.input_quant.scale"``.
+    """
+    for pattern, hf, scope in _name_rows():
+        match = pattern.fullmatch(name)
+        if match:
+            index, rest = match.group("i"), match.group("rest") or ""
+            return (enc_prefix if scope == "enc" else head_prefix) + hf.format(i=index) + rest
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _name_rows() -> Tuple[Tuple["re.Pattern[str]", str, str], ...]:
+    """``_TABLE`` as (regex over fair-esm names, transformers format, scope): a ``.{p}`` row maps its module
+    and everything under it, any other row its one tensor; whole layers map too (mixed-precision units)."""
+    rows = []
+    for fair, hf, scope in (*_TABLE, ("layers.{i}", "encoder.layer.{i}", "enc")):
+        exact = not fair.endswith(".{p}")
+        stem, hf_stem = (fair, hf) if exact else (fair[:-4], hf[:-4])
+        regex = re.escape(stem).replace(re.escape("{i}"), r"(?P<i>\d+)")
+        if "(?P<i>" not in regex:
+            regex += "(?P<i>)"
+        rows.append((re.compile(regex + ("(?P<rest>)" if exact else r"(?P<rest>\..+)?")), hf_stem, scope))
+    return tuple(rows)
 
 
 def uses_per_layer_rotary(model: torch.nn.Module) -> bool:

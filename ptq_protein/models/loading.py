@@ -269,10 +269,12 @@ def _load_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: 
 def _read_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: bool, mmap: bool) -> LoadedModel:
     label = _label(name, path)
     if path.is_dir():
-        if not resolve.is_hf_folder(path):
-            if (path / "recipe.json").is_file():  # a fair-esm artifact: not a model folder of any kind
-                raise InputError(f"{path} is a ptq-protein artifact (recipe.json), not a float model: load it with "
-                                 "ptq_protein.load, or load its source model")
+        hf = resolve.is_hf_folder(path)
+        # an artifact, but not one transformers' loader turns into a quantized model that require_float names
+        if (path / "recipe.json").is_file() and (not hf or _fair_esm_artifact(path)):
+            raise InputError(f"{path} is a ptq-protein artifact (recipe.json), not a float model: load it with "
+                             "ptq_protein.load, or load its source model")
+        if not hf:
             raise InputError(f"{path} is a folder but not a Hugging Face model folder (needs config.json and "
                              "model.safetensors or pytorch_model.bin); point at the snapshot folder")
         model, tokenizer, family = _load_hf_folder(path)
@@ -320,6 +322,18 @@ def _load_fair_esm(name: str, path: Path, data: dict, allow_pickle: bool):
         raise InputError(f"{path}: not a fair-esm checkpoint layout fair-esm can read ({type(e).__name__}: "
                          f"{' '.join(str(e).split())[:200]}); check that it is an ESM-2 .pt file") from e
     return model.eval(), alphabet
+
+
+def _fair_esm_artifact(folder: Path) -> bool:
+    """A ptq-protein artifact quantized from a fair-esm model (its recipe.json says so)."""
+    import json
+
+    try:
+        recipe = json.loads((folder / "recipe.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        return False
+    arch = recipe.get("architecture") if isinstance(recipe, dict) else None
+    return isinstance(arch, dict) and arch.get("library") == "fair-esm"
 
 
 def _load_hf_folder(folder: Path):

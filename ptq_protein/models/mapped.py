@@ -12,11 +12,14 @@ again on the next touch. So a model whose weights live in a mapping can
 calibrate and quantize with about one layer's float weights resident.
 
 Safety: only tensors whose storage is one of the checkpoint's recorded
-storages are released, and those stay valid because the record holds them. Pages
-that were written to (a weight edited in place after loading) would be
-discarded: a model loaded with ``mmap=True`` must not be edited in place.
-Linux only; elsewhere :meth:`release` does nothing (memory is then not bounded
-by it, only correctness is kept).
+storages are released, and those stay valid because the record holds them. A
+page that was written to (a weight edited in place after loading: SmoothQuant's
+folding, GPTQ's rounded weights) is this process's private copy, and
+``MADV_DONTNEED`` would discard the edit and map the file's bytes back in,
+silently. So only pages that ``/proc/self/pagemap`` shows are still the file's
+(or not resident and not swapped) are released; written pages stay as written.
+Linux only; elsewhere, or where the page map cannot be read, :meth:`release`
+does nothing (memory is then not bounded by it, only correctness is kept).
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ import functools
 import logging
 import mmap as _mmap
 import sys
-from typing import Iterable, Iterator, Optional
+from typing import Iterable, Iterator, List, Optional, Tuple
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -39,6 +43,8 @@ __all__ = ["MappedFile", "attach_mapping", "mapped_file_of", "release_after_forw
 log = logging.getLogger(__name__)
 
 _MADV_DONTNEED = 4  # <sys/mman.h> on Linux
+# /proc/self/pagemap entry bits (Documentation/admin-guide/mm/pagemap.rst)
+_PRESENT, _SWAPPED, _FILE = np.uint64(1 << 63), np.uint64(1 << 62), np.uint64(1 << 61)
 ATTRIBUTE = "ptq_mapped_file"  # set on a model whose weights live in a mapping
 
 
@@ -83,7 +89,10 @@ class MappedFile:
         return i >= 0 and ptr + storage.nbytes() <= self._ends[i]
 
     def release(self, tensors: Iterable[torch.Tensor]) -> int:
-        """Drop the resident pages wholly inside each mapped tensor's storage; returns bytes released."""
+        """Drop the file's pages wholly inside each mapped tensor's storage; returns bytes released.
+
+        Pages written since loading are kept (see the module docstring).
+        """
         fn = _madvise()
         if fn is None:
             return 0
@@ -95,8 +104,9 @@ class MappedFile:
             storage = tensor.untyped_storage()
             lo = -(-storage.data_ptr() // page) * page
             hi = (storage.data_ptr() + storage.nbytes()) // page * page
-            if hi > lo and fn(lo, hi - lo, _MADV_DONTNEED) == 0:
-                total += hi - lo
+            for start, stop in unwritten_runs(lo, hi):
+                if fn(start, stop - start, _MADV_DONTNEED) == 0:
+                    total += stop - start
         self.released_bytes += total
         self._trim_if_grown()
         return total
@@ -113,6 +123,31 @@ class MappedFile:
         if resident_bytes() > self._trim_floor + TRIM_GROWTH:
             trim_heap()
             self._trim_floor = resident_bytes()
+
+
+def unwritten_runs(lo: int, hi: int) -> List[Tuple[int, int]]:
+    """The address ranges in the page-aligned ``[lo, hi)`` whose pages hold the file's bytes, not an edit.
+
+    A page of a private file mapping that was written is anonymous memory: present
+    without the file bit, or swapped out. Every other page (resident from the file,
+    or never touched) can be dropped and read back unchanged. [] where the page
+    map cannot be read: then nothing is provably safe to drop.
+    """
+    page = _mmap.PAGESIZE
+    if hi <= lo:
+        return []
+    try:
+        with open("/proc/self/pagemap", "rb") as handle:
+            handle.seek(lo // page * 8)
+            raw = handle.read((hi - lo) // page * 8)
+    except OSError:
+        return []
+    flags = np.frombuffer(raw, dtype=np.uint64)
+    if len(flags) != (hi - lo) // page:
+        return []
+    written = ((flags & _PRESENT != 0) & (flags & _FILE == 0)) | (flags & _SWAPPED != 0)
+    edges = np.flatnonzero(np.diff(np.concatenate(([True], written, [True])).astype(np.int8)))
+    return [(lo + int(a) * page, lo + int(b) * page) for a, b in zip(edges[::2], edges[1::2])]
 
 
 def attach_mapping(model: nn.Module, tensors: Iterable[torch.Tensor]) -> None:

@@ -186,8 +186,8 @@ def fused_call(fn: Callable[..., torch.Tensor], x: torch.Tensor, *params, channe
                 return compiled(flat, *params).reshape(x.shape)
         except Exception as err:  # compilation unavailable or wrong here: remember, fall back for good
             _broken = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
-            log.warning("fused fake quantization is unavailable (%s); running the eager path (set %s=off to "
-                        "silence this)", _broken, ENV_VAR)
+            log.warning("the quantizers' compiled loops cannot run here (%s), so they run as plain PyTorch "
+                        "operations: the same results, more slowly (set %s=off to skip compiling)", _broken, ENV_VAR)
     return (eager or fn)(x, *params)
 
 
@@ -214,6 +214,9 @@ def _check_against_eager(fn: Callable, compiled: Callable, flat: torch.Tensor, p
     """
     rows = max(1, _CHECK_VALUES // max(1, flat.shape[-1])) if flat.dim() == 2 else _CHECK_VALUES
     probe = flat[:rows]
+    # per-row parameters (a dynamic per-token scale [rows, 1]) are cut with the rows they belong to
+    params = tuple(p[:rows] if torch.is_tensor(p) and p.dim() == 2 == flat.dim() and p.shape[0] == flat.shape[0]
+                   else p for p in params)
     got, want = compiled(probe, *params), fn(probe, *params)
     same = got.shape == want.shape and bool(((got == want) | (got.isnan() & want.isnan())).all())
     if not same:

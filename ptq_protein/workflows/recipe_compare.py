@@ -21,6 +21,7 @@ from ptq_protein.eval.bench.fidelity import Reference, compare_to_reference, fid
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.presets import PRESETS, resolve_config
 from ptq_protein.site_plan import MixedPlan, UnitChoice
+from ptq_protein.workflows.fidelity_bound import recipe_bound, verdict
 
 __all__ = ["ComparisonRow", "FidelitySequences", "known_recipes", "choose_fidelity_sequences", "recipe_row",
            "compare_recipes", "storage_bits"]
@@ -49,10 +50,12 @@ class ComparisonRow:
     weight_bits: Union[int, str, None]  # None: floating point; a mixed plan's widths as text ("4-8", "fp-8")
     activation_bits: Union[int, str, None]
     metrics: Dict[str, float] = field(default_factory=dict)
+    verdict: Optional[Dict[str, Any]] = None  # workflows.fidelity_bound.verdict (None: nothing quantized)
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"recipe": self.recipe, "weight_bits": self.weight_bits, "activation_bits": self.activation_bits,
-                **self.metrics}
+        out = {"recipe": self.recipe, "weight_bits": self.weight_bits, "activation_bits": self.activation_bits,
+               **self.metrics}
+        return out if self.verdict is None else {**out, "verdict": self.verdict}
 
 
 @dataclass(frozen=True)
@@ -92,10 +95,15 @@ def choose_fidelity_sequences(calibration: CalibrationArg, n: int,
 def recipe_row(cfg: QuantConfig, qmodel: nn.Module, references: Sequence[Reference]) -> ComparisonRow:
     """Fidelity of ``qmodel`` (quantized with ``cfg``) against the FP ``references``."""
     metrics = compare_to_reference(qmodel, references, get_adapter(qmodel))
-    plan = getattr(getattr(qmodel, "ptq_state", None), "plan", None)
+    state = getattr(qmodel, "ptq_state", None)
+    plan = getattr(state, "plan", None)
+    if cfg.study is not None and cfg.weights is not None and state is not None and not any(
+            str(how).startswith("W") for how in state.quantized.values()):
+        cfg = cfg.replace(weights=None)  # the study's W8 found no tensor under its prefixes: the weights stayed FP
+    found = verdict(recipe_bound(cfg, plan), metrics)
     if plan is not None:
-        return ComparisonRow(cfg.name, *plan_widths(plan), {"avg_bits": plan.avg_bits, **metrics})
-    return ComparisonRow(cfg.name, storage_bits(cfg.weights), storage_bits(cfg.activations), metrics)
+        return ComparisonRow(cfg.name, *plan_widths(plan), {"avg_bits": plan.avg_bits, **metrics}, found)
+    return ComparisonRow(cfg.name, storage_bits(cfg.weights), storage_bits(cfg.activations), metrics, found)
 
 
 def plan_widths(plan: MixedPlan) -> Tuple[str, str]:

@@ -136,3 +136,15 @@ def test_bad_combinations_are_refused_before_any_work(tmp_path, capsys, calibrat
         return
     assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
     assert calibration_counter["passes"] == 0 and not (tmp_path / "a").exists()
+
+
+def test_a_compared_recipe_that_selects_nothing_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    """It failed after the main recipe was calibrated, quantized and saved (minutes on a real model), exit 2."""
+    from ptq_protein.workflows import shared_calibration
+
+    monkeypatch.setattr(shared_calibration, "calibrate_recipes", lambda *a, **k: pytest.fail("calibrated"))
+    code = main(["quantize", "tiny-esm2", "--preset", "w8a8-uniform", "--compare", "study-a8-pwlq-esm",
+                 "--calib", "casp14:2", "--out", str(tmp_path / "a"), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--compare study-a8-pwlq-esm" in err[0] and "selects no site" in err[0]
+    assert not (tmp_path / "a").exists()

@@ -1,7 +1,18 @@
 """Linears that read one input as one int8 GEMM (``nn/int_shared``: q, k and v of fair-esm attention).
 
 References: the exact integer product (``int_matmul``, float64 epilogue) and the
-same modules run one by one (no group): each member's output must not change.
+same modules run one by one (no group).
+
+What is exact on every CPU, and what is only close: the int32 accumulators are
+exact wherever oneDNN runs (VNNI, AMX; without VNNI the split engine keeps them
+exact), so they are compared bit for bit. The float32 epilogue (``x_scale *
+w_scale[n] * (acc - zero * colsum[n]) + bias[n]``, per-token scales) runs inside
+oneDNN's kernel, and which kernel, and so the order of its roundings, depends on
+the GEMM's shape and the CPU: the group's one wide GEMM on an AMX Xeon gave other
+last bits than each member's own. Each output is therefore held to the float64
+epilogue of the exact accumulators within ``EPILOGUE_ROUNDINGS`` float32 roundings
+(:func:`_epilogue_bound`), and the group to its members alone within twice that;
+the same call repeated is the same kernel: bit for bit.
 """
 
 import copy
@@ -60,14 +71,36 @@ def _group(k=67, outs=(17, 40, 9), seed=0, dynamic=False):
     return members, alone
 
 
+# float32 roundings between an exact int32 accumulator and the output: the accumulator's conversion (exact below
+# 2^24), the scale product, the zero-point term, the per-token scale, the bias add, and one to spare
+EPILOGUE_ROUNDINGS = 6
+EPS32 = 2.0 ** -24  # float32 unit roundoff
+
+
 def _exact(member, x):
     """The member's output from exact integer accumulators and a float64 epilogue."""
+    return _exact_parts(member, x)[0]
+
+
+def _exact_parts(member, x):
+    """(output, |output - bias| + |bias|) in float64: the exact value and the size its roundings scale with."""
     codes, params = encode_codes(member.input_quant, x.reshape(-1, x.shape[-1]))
     acc = int_matmul(codes, member.plain_weight_codes()).double()
     scale, zero = params[1].double().reshape(-1, 1), params[2].double().reshape(-1, 1)
     colsum = member.plain_weight_codes().double().sum(1)
     y = scale * (acc - zero * colsum) * member.weight_scale.double().reshape(1, -1)
-    return y if member.bias is None else y + member.bias.double()
+    bias = torch.zeros(y.shape[-1], dtype=torch.float64) if member.bias is None else member.bias.double()
+    return y + bias, y.abs() + bias.abs()
+
+
+def _epilogue_bound(member, x):
+    """Elementwise: how far a float32 epilogue of the exact accumulators may land from the float64 one."""
+    return EPILOGUE_ROUNDINGS * EPS32 * _exact_parts(member, x)[1]
+
+
+def _assert_epilogue_close(got, member, x, factor=1):
+    exact, _ = _exact_parts(member, x)
+    assert bool(((got.reshape(exact.shape).double() - exact).abs() <= factor * _epilogue_bound(member, x)).all())
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -82,9 +115,9 @@ def test_group_equals_each_member_alone(engine_mode, m, dynamic):
     assert all(mod._int_cache.get("shared") is not None for mod in members)
     assert all("shared" not in mod._int_cache for mod in alone)
     for g, r, mod in zip(got, ref, members):
-        assert g.shape == r.shape and torch.equal(g, r)
-        exact = _exact(mod, x)
-        assert float((g.reshape(exact.shape).double() - exact).abs().max() / exact.abs().max()) <= 1e-6
+        assert g.shape == r.shape
+        _assert_epilogue_close(g, mod, x)  # the group's GEMM
+        _assert_epilogue_close(r, mod, x)  # the member's own
         assert mod.engine_ran == "onednn"
 
 
@@ -194,8 +227,20 @@ def test_inference_mode_compares_the_input_object():
     """Inference tensors keep no version counter: the group still serves each member once per input object."""
     members, alone = _group()
     x = torch.randn(13, 67)
+    calls = []
+    real = int_fast.encode_codes
     with torch.inference_mode():
-        got = [mod(x) for mod in members]
-        again = [mod(x.clone()) for mod in members]
+        int_fast.encode_codes = lambda *a: calls.append(1) or real(*a)
+        try:
+            got = [mod(x) for mod in members]
+            assert len(calls) == 1  # one encoding, one GEMM for the three members
+            again = [mod(x.clone()) for mod in members]  # another object each time: computed again
+            assert len(calls) == 1 + len(members)
+        finally:
+            int_fast.encode_codes = real
         ref = [mod(x) for mod in alone]
-    assert all(torch.equal(g, r) and torch.equal(a, r) for g, a, r in zip(got, again, ref))
+    for g, a, r, mod in zip(got, again, ref, members):
+        assert torch.equal(g, a)  # the same GEMM on the same codes: the same kernel, bit for bit
+        _assert_epilogue_close(g, mod, x)
+        _assert_epilogue_close(r, mod, x)
+        assert bool(((g.double() - r.double()).abs() <= 2 * _epilogue_bound(mod, x)).all())

@@ -185,3 +185,58 @@ def test_mapped_forward_trims_the_heap_only_after_resident_growth(tmp_path, monk
         assert trims == [1101]  # grew past the threshold: one trim, and the floor moves with it
         loaded.model(tokens)
         assert trims == [1101]
+
+
+def test_release_keeps_the_pages_of_a_weight_edited_in_place(tmp_path):
+    """A mapped page written after loading is this process's copy: handing it back would restore the file's bytes."""
+    loaded = load_model(_write_fair_esm2(tmp_path / "m.pt"), mmap=True)
+    handle = mapped_file_of(loaded.model)
+    weight = loaded.model.layers[0].fc1.weight  # 256 x 64 float32: whole pages inside
+    with torch.no_grad():
+        weight.mul_(2.0)
+    edited = weight.detach().clone()
+    handle.release([weight])
+    assert torch.equal(weight, edited)
+    untouched = loaded.model.layers[1].fc1.weight
+    float(untouched.detach().sum())  # read from the file: resident, clean
+    assert handle.release([untouched]) > 0  # clean pages still go back
+
+
+def _edits_the_model(name):
+    from ptq_protein.passes.recipe import resolve_recipe
+    from ptq_protein.presets import get_preset
+
+    cfg = get_preset(name)
+    return any(p.needs(cfg, []).changes_model for p in resolve_recipe(cfg).passes)
+
+
+@pytest.mark.parametrize("recipe", [n for n in pp.PRESETS if _edits_the_model(n)])
+def test_a_mapped_checkpoint_quantizes_in_place_as_one_read_into_memory(tmp_path, recipe):
+    """SmoothQuant folds its scales into the weights and GPTQ rounds them, in place; the calibration that follows
+    hands mapped pages back. Both must see the edited weights: the quantize CLI runs exactly this (mmap, in place)."""
+    path = _write_fair_esm2(tmp_path / "m.pt")
+    plain = pp.quantize(load_model(path).model, recipe, calibration=SEQS, batch_size=1, inplace=True)
+    mapped = pp.quantize(load_model(path, mmap=True).model, recipe, calibration=SEQS, batch_size=1, inplace=True)
+    a, b = _tensors(plain), _tensors(mapped)
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+    assert plain.ptq_state.report == mapped.ptq_state.report
+
+
+def test_a_mapped_esmfold_file_smooths_its_trunk_in_place_as_one_in_memory(tmp_path):
+    """fair-esm ESMFold files are memory-mapped too; SmoothQuant folds into the ESM-2 stem and the trunk's
+    LayerNorm -> Linear pairs (trunk.blocks.*), which the released pages had reverted (76 tensors differed)."""
+    import types
+
+    from ptq_protein.models.esmfold_convert import hf_esmfold_to_fair
+    from ptq_protein.models.tiny import tiny_esmfold, tiny_esmfold_config
+
+    model, _ = tiny_esmfold()
+    path = tmp_path / "esmfold.pt"
+    torch.save({"model": dict(hf_esmfold_to_fair(model.state_dict()).state_dict),
+                "cfg": {"model": types.SimpleNamespace(trunk={"num_blocks": 2})}}, path)
+    cfg = tiny_esmfold_config()
+    runs = [pp.quantize(load_model(path, config=cfg, mmap=mm).model, "w8a8-smoothquant", calibration=SEQS[:2],
+                        batch_size=1, inplace=True) for mm in (False, True)]
+    a, b = _tensors(runs[0]), _tensors(runs[1])
+    assert any(k.startswith("trunk.blocks.") for k in a)
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
