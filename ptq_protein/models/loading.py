@@ -13,7 +13,12 @@ Resolution of ``name_or_path`` (first match wins; nothing is ever downloaded):
 5. A fair-esm name (``esm2_t33_650M_UR50D``, ...; list in
    :data:`~ptq_protein.models.resolve.FAIR_ESM_MODELS`): ``<torch hub>/checkpoints/<name>.pt``
    (+ ``-contact-regression.pt`` if present), else the HF cache ``facebook/<name>``.
-6. ``org/name``: that repo in the HF cache.
+6. An ESM C name (``esmc_300m``, ``esmc_600m``, or their ``EvolutionaryScale/esmc-*`` repositories): the
+   official ``.pth`` file in the torch hub or the HF cache (:func:`~ptq_protein.models.resolve.esmc_candidates`).
+7. ``org/name``: that repo in the HF cache.
+
+A file holding an ESM C state dict (the official layout) loads as ptq-protein's
+:class:`~ptq_protein.models.esmc.ESMC` (:mod:`.esmc_load`), whatever its name.
 
 Otherwise :class:`~ptq_protein.errors.MissingWeightsError` lists the files and
 folders searched and how to provide them (folders: :mod:`.resolve`).
@@ -38,13 +43,16 @@ from ptq_protein.fasta import ESM2_MAX_RESIDUES, ESM_AMINO_ACIDS, validate_seque
 from ptq_protein.models import resolve
 from ptq_protein.models.checkpoints import file_sha256, load_torch_checkpoint, split_state
 from ptq_protein.models.declared import check_name_fits
+from ptq_protein.models.esmc_load import is_esmc_state, load_esmc
 from ptq_protein.models.esmfold_convert import load_fair_esmfold
 from ptq_protein.models.fair_esm2 import load_fair_esm2
 from ptq_protein.models.mapped import attach_mapping
 from ptq_protein.models.tiny import TINY_MODELS, build_tiny
 from ptq_protein.models.tokens import (
     esm_tokenizer,
+    esmc_vocab,
     esmfold_tokenizer,
+    tokenize_esmc,
     tokenize_esmfold,
     tokenize_fair_esm,
     tokenize_hf_esm,
@@ -64,6 +72,7 @@ class ModelFamily(str, enum.Enum):
     FAIR_ESM = "fair-esm"  # esm.model.esm2.ESM2 (or ESM-1b/1v ProteinBertModel)
     HF_ESM = "hf-esm"  # transformers EsmForMaskedLM
     HF_ESMFOLD = "hf-esmfold"  # transformers EsmForProteinFolding
+    ESMC = "esmc"  # ptq_protein.models.esmc.ESMC (EvolutionaryScale's ESM C, the official weights)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -100,7 +109,7 @@ class LoadedModel:
     def tokenize(self, sequences: Sequence[str]) -> Tuple[torch.Tensor, torch.Tensor]:
         """(tokens, mask) on the model's device: mask is True on real tokens, False on padding.
 
-        fair-esm / hf-esm: shape (B, L_max + 2), ESM ids with BOS/EOS (the two agree);
+        fair-esm / hf-esm / esmc: shape (B, L_max + 2), ESM ids with BOS/EOS (the three agree);
         hf-esmfold: shape (B, L_max), AF2 residue indices as ``EsmForProteinFolding.forward`` takes them.
         """
         sequences = self.validate(sequences)
@@ -108,6 +117,8 @@ class LoadedModel:
             tokens, mask = tokenize_fair_esm(self.alphabet_or_tokenizer, sequences)
         elif self.family is ModelFamily.HF_ESM:
             tokens, mask = tokenize_hf_esm(self.alphabet_or_tokenizer, sequences)
+        elif self.family is ModelFamily.ESMC:
+            tokens, mask = tokenize_esmc(sequences)
         else:
             tokens, mask = tokenize_esmfold(sequences)
         return tokens.to(self.device), mask.to(self.device)
@@ -195,9 +206,11 @@ def _locate(name: str, weights: Optional[Union[str, os.PathLike]]) -> Path:
     if short in resolve.FAIR_ESM_MODELS:
         order = [(None, f"{short}.pt"), (f"facebook/{short}", None)]
         return _search(name, order[::-1] if name.startswith("facebook/") else order)
+    if resolve.esmc_name(name) is not None:
+        return resolve.locate_esmc(name)
     if re.fullmatch(r"[\w.-]+/[\w.-]+", name):
         return _search(name, [(name, None)])
-    known = list(TINY_MODELS) + list(resolve.ESMFOLD_NAMES) + list(resolve.FAIR_ESM_MODELS)
+    known = list(TINY_MODELS) + list(resolve.ESMFOLD_NAMES) + list(resolve.FAIR_ESM_MODELS) + list(resolve.ESMC_MODELS)
     close = difflib.get_close_matches(short, known, n=1, cutoff=0.6)
     hint = f"did you mean {close[0]!r}? " if close else ""
     raise InputError(f"unknown model {name!r}: {hint}not a file or folder, nor one of {', '.join(known)}, "
@@ -228,7 +241,7 @@ def _search(name: str, order: Sequence[Tuple[Optional[str], Optional[str]]]) -> 
 
 def _load_tiny(name: str, seed: int) -> LoadedModel:
     model, vocab, spec = build_tiny(name, seed=seed)
-    max_length = None if spec.family == ModelFamily.HF_ESMFOLD.value else ESM2_MAX_RESIDUES
+    max_length = None if spec.family in (ModelFamily.HF_ESMFOLD.value, ModelFamily.ESMC.value) else ESM2_MAX_RESIDUES
     return LoadedModel(model, vocab, spec.family, name, f"tiny:{name}:seed={seed}", None, max_length)
 
 
@@ -257,6 +270,11 @@ def _read_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: 
         model, _ = load_fair_esmfold(path, config=config, allow_pickle=allow_pickle, mmap=mmap)
         return LoadedModel(model, esmfold_tokenizer(), ModelFamily.HF_ESMFOLD, label, str(path), digest, None)
     data = load_torch_checkpoint(path, allow_pickle=allow_pickle, mmap=mmap)
+    if is_esmc_state(data):
+        model = load_esmc(data, str(path))
+        if mmap:
+            attach_mapping(model, data.values())
+        return LoadedModel(model, esmc_vocab(), ModelFamily.ESMC, label, str(path), digest, None)
     state, _ = split_state(data, path)
     if any(k.startswith("trunk.") for k in state):
         del data, state
