@@ -32,7 +32,7 @@ from torch import nn
 from ptq_protein.io_utils import public_source
 
 __all__ = ["HF_CONFIG", "QUANT_METHOD", "INSTALL_HINT", "INSTALL_FROM_SOURCE", "SOURCE_REPO", "TOKENIZER_FILES",
-           "hf_config", "tokenizer_source",
+           "NO_CLASS_MODEL_TYPE", "no_class_message", "hf_config", "tokenizer_source",
            "copy_tokenizer_files"]
 
 HF_CONFIG = "config.json"
@@ -42,21 +42,38 @@ SOURCE_REPO = "https://github.com/ptq-protein/ptq-protein"
 INSTALL_FROM_SOURCE = f"git clone {SOURCE_REPO} && pip install -e ./ptq-protein"
 INSTALL_HINT = (f"this folder is a ptq-protein artifact: install ptq-protein from source ({INSTALL_FROM_SOURCE}), "
                 "then import ptq_protein before from_pretrained")
+# config.json model_type of an artifact whose model class is ptq-protein's own (ESM C): transformers has no class
+# for it, so every from_pretrained refuses it in one line (hf_quantizer registers this type to say so).
+NO_CLASS_MODEL_TYPE = "ptq_protein_no_transformers_class"
 # What transformers' ESM tokenizers read or write (EsmTokenizer: vocab.txt and the two JSON files).
 TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json",
                    "added_tokens.json")
 
 
+def no_class_message(cls: str) -> str:
+    """The one line every ``from_pretrained`` of an artifact of ptq-protein's own ``cls`` (ESM C) gives."""
+    return (f"this ptq-protein artifact holds ptq-protein's own {cls} class, which transformers does not have: "
+            "from_pretrained does not apply; load it with ptq_protein.load(folder)")
+
+
 def hf_config(qmodel: nn.Module, recipe_name: str, format_version: int,
               dtype: str = "float32") -> Optional[Dict[str, Any]]:
-    """``config.json`` of a transformers model (None for other models): its config plus ``quantization_config``.
+    """``config.json`` of a transformers model: its config plus ``quantization_config``; for a model class of
+    ptq-protein's own (ESM C), one that makes ``from_pretrained`` refuse it (:func:`no_class_message`); None
+    for other models (fair-esm's).
 
     ``dtype`` is the sealed recipe's (see :mod:`ptq_protein.models.float_dtypes`); the quantizer refuses a
     ``config.json`` whose ``dtype`` differs from it (an edit that would change outputs).
     """
     config = getattr(qmodel, "config", None)
     if config is None or not hasattr(config, "to_dict") or not hasattr(qmodel, "save_pretrained"):
-        return None
+        from ptq_protein.models.architecture import describe_architecture
+
+        if describe_architecture(qmodel)["library"] != "ptq-protein":
+            return None
+        # transformers_weights: read before any model is built, also where ptq-protein is not imported
+        return {"model_type": NO_CLASS_MODEL_TYPE, "architectures": [type(qmodel).__name__],
+                "transformers_weights": no_class_message(type(qmodel).__name__)}
     out = config.to_dict()
     out["architectures"], out["dtype"] = [type(qmodel).__name__], dtype
     out["_name_or_path"] = public_source(out.get("_name_or_path", ""))  # uploaded with push_to_hub: no local path

@@ -61,7 +61,8 @@ def position_log_probs(model: nn.Module, sequence: str, strategy: "str | Strateg
                        toks_per_batch: int = DEFAULT_TOKS_PER_BATCH, progress: bool = False) -> torch.Tensor:
     """log-softmax [L, V] (float32, CPU) at each residue: unmasked (wt-marginals) or residue masked (masked-marginals).
 
-    Row ``i`` is position ``i`` of ``sequence``; columns are ESM token ids.
+    Row ``i`` is position ``i`` of ``sequence``; columns are ESM token ids (ESM C gives 64 logits, its 33 ids
+    first; the softmax runs over every logit the model gives).
     """
     strategy = Strategy.parse(strategy)
     if not strategy.marginal:
@@ -70,12 +71,13 @@ def position_log_probs(model: nn.Module, sequence: str, strategy: "str | Strateg
     tokens = lm_tokens([sequence])
     if strategy is Strategy.WT_MARGINALS:
         return torch.log_softmax(lm_forward(model, tokens).logits[0, 1:len(sequence) + 1], dim=-1)
-    out = torch.empty(len(sequence), len(esm_vocab()))
+    out = None  # [L, V]: V is the model's logits width (33 for ESM-2, 64 for ESM C)
     for batch in _batches([len(sequence)] * len(sequence), toks_per_batch, progress, "masked-marginals"):
         copies = tokens.repeat(len(batch), 1)
         positions = torch.tensor(batch) + 1  # BOS first
         copies[torch.arange(len(batch)), positions] = _mask_id()
         logits = lm_forward(model, copies).logits
+        out = torch.empty(len(sequence), logits.shape[-1]) if out is None else out
         out[batch] = torch.log_softmax(logits[torch.arange(len(batch)), positions], dim=-1)
     return out
 
