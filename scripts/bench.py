@@ -33,6 +33,8 @@ BENCHES: Dict[str, str] = {  # name -> module in scripts/ with main(argv) -> exi
     "small_commands": "bench_small_commands",
     "tmscore": "bench_tmscore",
     "embed": "bench_embed",
+    "esmc_embed": "bench_esmc_embed",
+    "esmc_study": "bench_esmc_study",
     "kernels": "bench_kernels",
     "gpu_check": "gpu_check",
 }
