@@ -131,20 +131,24 @@ def report(timed: Dict[str, Tuple[float, float]], official: Optional[float], err
     return lines
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny model and 12 short sequences (smoke test)")
     p.add_argument("--size", choices=["600m", "300m"], default="600m")
-    p.add_argument("--seqs", type=int, default=495, help="bundled sequences to embed (default all 495)")
-    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--reps", type=int, default=1)
-    p.add_argument("--presets", nargs="+", default=list(PRESETS))
+    p.add_argument("--seqs", type=_positive, default=495, help="bundled sequences to embed (default all 495)")
+    p.add_argument("--threads", type=_positive, nargs="+", default=[1, 2], help="thread counts (default 1 2)")
+    p.add_argument("--reps", type=_positive, default=1, help="passes per row, best kept (default 1)")
+    p.add_argument("--presets", nargs="+", default=list(PRESETS), help="8-bit recipes (int8 artifacts)")
     p.add_argument("--official-python", default=DEFAULT_PYTHON, help=f"the official venv's python ({DEFAULT_PYTHON})")
     p.add_argument("--memory", action="store_true", help="also peak RSS of loading the .pth in a fresh process")
-    args = p.parse_args(argv)
-    if args.seqs < 1 or args.reps < 1 or min(args.threads) < 1:
-        p.error("--seqs, --reps and --threads must be positive")
-    return args
+    return p.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
