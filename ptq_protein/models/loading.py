@@ -30,6 +30,7 @@ import dataclasses
 import difflib
 import enum
 import hashlib
+import json
 import logging
 import os
 import re
@@ -255,10 +256,11 @@ def _load_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: 
 def _read_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: bool, mmap: bool) -> LoadedModel:
     label = path.stem if Path(name).expanduser().absolute() == path else name
     if path.is_dir():
+        # a fair-esm or ESM C artifact: no transformers model folder (ESM C's config.json only refuses transformers)
+        if (path / "recipe.json").is_file() and (not resolve.is_hf_folder(path) or _own_class_artifact(path)):
+            raise InputError(f"{path} is a ptq-protein artifact (recipe.json), not a float model: load it with "
+                             "ptq_protein.load, or load its source model")
         if not resolve.is_hf_folder(path):
-            if (path / "recipe.json").is_file():  # a fair-esm artifact: not a model folder of any kind
-                raise InputError(f"{path} is a ptq-protein artifact (recipe.json), not a float model: load it with "
-                                 "ptq_protein.load, or load its source model")
             raise InputError(f"{path} is a folder but not a Hugging Face model folder (needs config.json and "
                              "model.safetensors or pytorch_model.bin); point at the snapshot folder")
         model, tokenizer, family = _load_hf_folder(path)
@@ -348,6 +350,14 @@ def _load_hf_folder(folder: Path):
         tokenizer = esmfold_tokenizer() if folding else esm_tokenizer(config.vocab_list or ())
     family = ModelFamily.HF_ESMFOLD if folding else ModelFamily.HF_ESM
     return model.eval(), tokenizer, family
+
+
+def _own_class_artifact(folder: Path) -> bool:
+    """An artifact of a model class of ptq-protein's own (ESM C), as its recipe.json describes it."""
+    try:
+        return json.loads((folder / "recipe.json").read_text())["architecture"]["library"] == "ptq-protein"
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def _has_pooler(folder: Path) -> bool:

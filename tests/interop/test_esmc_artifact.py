@@ -39,3 +39,12 @@ def test_card_names_the_source_release_and_no_transformers_snippet(artifact):
     assert "library_name: ptq-protein" in card and "base_model: EvolutionaryScale/esmc-300m-2024-12" in card
     assert "from_pretrained" not in card
     assert json.loads((artifact / "config.json").read_text())["architectures"] == ["ESMC"]
+
+
+def test_load_model_names_it_an_artifact(artifact):
+    from ptq_protein.errors import InputError
+    from ptq_protein.models.loading import load_model
+
+    with pytest.raises(InputError, match="is a ptq-protein artifact") as err:
+        load_model(artifact)
+    assert "\n" not in str(err.value)
