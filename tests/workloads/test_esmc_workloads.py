@@ -168,3 +168,25 @@ def test_sensitivity_and_auto_run_on_esmc(esmc, seqs):
     qmodel = pp.quantize(esmc, "auto", calibration=seqs, budget="logits_rel<=0.05", search_set=seqs[:2],
                          holdout=seqs[2:4])
     assert qmodel.ptq_state.plan is not None
+
+
+def test_eval_variants_measures_drift_on_esmc(tmp_path, esmc):
+    import csv
+
+    import numpy as np
+    from scipy.stats import spearmanr
+
+    from ptq_protein.data.sets import BenchmarkSet, Target
+    from ptq_protein.eval.bench.runner import RunOptions
+    from ptq_protein.eval.bench.variants_task import VariantOptions, evaluate_variants
+
+    bench = BenchmarkSet("t", (Target("p", PROTEIN),))
+    result = evaluate_variants(esmc, bench, ["fp", "w8a8-pwlq"], tmp_path, RunOptions(calibration=list(SEQS.values())),
+                               VariantOptions(), {})
+    with open(result["results"], newline="") as handle:
+        rows = {r["recipe"]: r for r in csv.DictReader(handle)}
+    assert result["counts"]["ok"] == 2 and float(rows["fp"]["spearman_vs_fp"]) == 1.0
+    fp, q = (np.load(tmp_path / rows[r]["variants"]) for r in ("fp", "w8a8-pwlq"))
+    changed = np.array([[aa != wt for aa in AMINO_ACIDS] for wt in PROTEIN])
+    drift = float(rows["w8a8-pwlq"]["spearman_vs_fp"])
+    assert 0.99 < drift < 1.0 and drift == pytest.approx(spearmanr(q[changed], fp[changed])[0], abs=1e-6)
