@@ -35,7 +35,8 @@ from torch import nn
 from ptq_protein.io_utils import public_source
 
 __all__ = ["HF_CONFIG", "QUANT_METHOD", "INSTALL_HINT", "INSTALL_FROM_SOURCE", "SOURCE_REPO", "TOKENIZER_FILES",
-           "hf_config", "esm2_config", "tokenizer_source", "copy_tokenizer_files", "write_esm_tokenizer"]
+           "NO_CLASS_MODEL_TYPE", "no_class_message", "hf_config", "esm2_config", "tokenizer_source",
+           "copy_tokenizer_files", "write_esm_tokenizer"]
 
 HF_CONFIG = "config.json"
 QUANT_METHOD = "ptq_protein"
@@ -44,14 +45,25 @@ SOURCE_REPO = "https://github.com/ptq-protein/ptq-protein"
 INSTALL_FROM_SOURCE = f"git clone {SOURCE_REPO} && pip install -e ./ptq-protein"
 INSTALL_HINT = (f"this folder is a ptq-protein artifact: install ptq-protein from source ({INSTALL_FROM_SOURCE}), "
                 "then import ptq_protein before from_pretrained")
+# config.json model_type of an artifact whose model class is ptq-protein's own (ESM C): transformers has no class
+# for it, so every from_pretrained refuses it in one line (hf_quantizer registers this type to say so).
+NO_CLASS_MODEL_TYPE = "ptq_protein_no_transformers_class"
 # What transformers' ESM tokenizers read or write (EsmTokenizer: vocab.txt and the two JSON files).
 TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json",
                    "added_tokens.json")
 
 
+def no_class_message(cls: str) -> str:
+    """The one line every ``from_pretrained`` of an artifact of ptq-protein's own ``cls`` (ESM C) gives."""
+    return (f"this ptq-protein artifact holds ptq-protein's own {cls} class, which transformers does not have: "
+            "from_pretrained does not apply; load it with ptq_protein.load(folder)")
+
+
 def hf_config(qmodel: nn.Module, recipe_name: str, format_version: int,
               dtype: str = "float32") -> Optional[Dict[str, Any]]:
-    """``config.json`` of a transformers model (None for other models): its config plus ``quantization_config``.
+    """``config.json`` of a transformers model: its config plus ``quantization_config``; for a model class of
+    ptq-protein's own (ESM C), one that makes ``from_pretrained`` refuse it (:func:`no_class_message`); None
+    for other models (fair-esm's).
 
     ``dtype`` is the sealed recipe's (see :mod:`ptq_protein.models.float_dtypes`); the quantizer refuses a
     ``config.json`` whose ``dtype`` differs from it (an edit that would change outputs).
@@ -60,7 +72,13 @@ def hf_config(qmodel: nn.Module, recipe_name: str, format_version: int,
     if type(qmodel).__name__ == "ESM2":  # fair-esm: transformers opens it as EsmForMaskedLM (artifact_fair_hf)
         out = esm2_config(_esm2_kwargs(qmodel), dtype)
     elif config is None or not hasattr(config, "to_dict") or not hasattr(qmodel, "save_pretrained"):
-        return None
+        from ptq_protein.models.architecture import describe_architecture
+
+        if describe_architecture(qmodel)["library"] != "ptq-protein":
+            return None
+        # transformers_weights: read before any model is built, also where ptq-protein is not imported
+        return {"model_type": NO_CLASS_MODEL_TYPE, "architectures": [type(qmodel).__name__],
+                "transformers_weights": no_class_message(type(qmodel).__name__)}
     else:
         out = config.to_dict()
         out["architectures"], out["dtype"] = [type(qmodel).__name__], dtype

@@ -53,13 +53,15 @@ def _base_model(name: str) -> Optional[str]:
     """A Hub id for ``base_model``, only where the source is one: a published ESM release (its facebook/
     repository) or an ``org/name`` id that is no local path. A file's own name is nobody's release
     (``esm2_tiny.pt`` is not ``facebook/esm2_tiny``)."""
-    from ptq_protein.models.resolve import ESMFOLD_HF_REPO, ESMFOLD_NAMES, FAIR_ESM_MODELS
+    from ptq_protein.models.resolve import ESMC_MODELS, ESMFOLD_HF_REPO, ESMFOLD_NAMES, FAIR_ESM_MODELS
 
     short = name.split("/", 1)[1] if name.startswith("facebook/") else name
     if short in FAIR_ESM_MODELS:
         return f"facebook/{short}"
     if short in ESMFOLD_NAMES:
         return ESMFOLD_HF_REPO
+    if name in ESMC_MODELS:  # EvolutionaryScale's repository of the file
+        return ESMC_MODELS[name][1]
     if re.fullmatch(r"[\w.-]+/[\w.-]+", name) and not name.startswith(".") and not Path(name).exists():
         return name
     return None

@@ -3,7 +3,7 @@
 Toolkit check only: the weights are random, so nothing here measures biology.
 Files go under ``--out`` (default /tmp/ptq13_ckpt); never commit them.
 
-    python scripts/make_random_checkpoints.py esm2_150M esm2_650M esmfold_trunk
+    python scripts/make_random_checkpoints.py esm2_150M esm2_650M esmfold_trunk esmc_300m esmc_600m
     python scripts/make_random_checkpoints.py esm2_35M --outliers --hf --out /tmp/ckpt/outliers
 
 * ``esm2_8M`` ... ``esm2_3B`` (``esm2_quick``: 2 layers x 64, for smoke tests): ``esm2_t30_150M_UR50D.pt`` and so on,
@@ -17,6 +17,9 @@ Files go under ``--out`` (default /tmp/ptq13_ckpt); never commit them.
 * ``esmfold_trunk``: a fair-esm ESMFold file with the v1 trunk (48 folding blocks, structure module) on an
   ESM-2 8M stem; the loader builds its config from the file's partial cfg (trunk: 48 blocks, v1 sizes) and the
   stem's shapes, which equals ``esmfold_trunk_config`` (tested); bench_memory passes it explicitly.
+
+* ``esmc_300m`` / ``esmc_600m``: ``esmc_300m_2024_12_v0.pth`` / ``esmc_600m_2024_12_v0.pth``, ESM C's published
+  layout (a bare float32 state dict, as EvolutionaryScale's ``esm/pretrained.py`` reads it) at the published sizes.
 
 Weights: N(0, 1/fan_in) matrices, unit LayerNorm scales, zero biases; buffers keep the
 values the model's constructor computes (rotary frequencies, index tables).
@@ -38,6 +41,7 @@ SIZES = {"esm2_quick": ("esm2_t2_quick", 2, 64, 4),
          "esm2_3B": ("esm2_t36_3B_UR50D", 36, 2560, 40)}
 TRUNK_FILE = "esmfold_trunk_8M_stem.pt"
 _REGRESSION = ("contact_head.regression.weight", "contact_head.regression.bias")
+ESMC_SIZES = ("esmc_300m", "esmc_600m")
 
 
 def esmfold_trunk_config():
@@ -157,9 +161,22 @@ def write_esmfold_trunk(out: Path, seed: int = 0) -> Path:
     return path
 
 
+def write_esmc(kind: str, out: Path, seed: int = 0) -> Path:
+    from ptq_protein.models.esmc import ESMC
+    from ptq_protein.models.esmc_load import PUBLISHED_ESMC
+    from ptq_protein.models.resolve import ESMC_MODELS
+
+    with torch.device("meta"):
+        model = ESMC(*PUBLISHED_ESMC[kind])
+    empty = {k: torch.empty(v.shape) for k, v in model.state_dict().items()}
+    path = out / ESMC_MODELS[kind][0]
+    torch.save(_randomize(empty, torch.Generator().manual_seed(seed)), path)
+    return path
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("kinds", nargs="+", choices=[*SIZES, "esmfold_trunk"])
+    parser.add_argument("kinds", nargs="+", choices=[*SIZES, "esmfold_trunk", *ESMC_SIZES])
     parser.add_argument("--out", type=Path, default=Path("/tmp/ptq13_ckpt"))
     parser.add_argument("--outliers", action="store_true", help="ESM-2: plant outlier channels (models.outliers)")
     parser.add_argument("--hf", action="store_true", help="ESM-2: also write the weights as a Hugging Face folder")
@@ -167,8 +184,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     for kind in args.kinds:
-        path = (write_esmfold_trunk(args.out, args.seed) if kind == "esmfold_trunk"
-                else write_esm2(kind, args.out, args.seed, args.outliers, args.hf))
+        path = (write_esmfold_trunk(args.out, args.seed) if kind == "esmfold_trunk" else
+                write_esmc(kind, args.out, args.seed) if kind in ESMC_SIZES else
+                write_esm2(kind, args.out, args.seed, args.outliers, args.hf))
         sys.stdout.write(f"{kind}: {path} ({path.stat().st_size / 1e9:.2f} GB)\n")
     return 0
 

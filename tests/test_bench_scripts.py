@@ -405,3 +405,14 @@ def test_the_exported_onnx_row_runs_on_what_the_graph_takes():
     keep = tokens != 1
     assert got.shape == want.shape
     assert float((got[keep] - want[keep]).norm() / want[keep].norm()) < 1e-2  # the same model, another engine
+
+
+def test_bench_esmc_study_quick_prints_both_tables(capsys):
+    bench = _load("bench_esmc_study")
+    assert bench.main(["--quick", "--outliers", "planted", "--recipes", "w8a8-dynamic"]) == 0
+    out = capsys.readouterr().out
+    roles = _table_rows(out, "attention LayerNorm input") + _table_rows(out, "SwiGLU out Linear input")
+    assert len(roles) == 2 and all(float(r[2]) < 0 < float(r[3]) and abs(float(r[4])) <= 1 for r in roles)
+    (row,) = _table_rows(out, "w8a8-dynamic")
+    assert row[1] == "int8" and re.fullmatch(r"\d+\.\d\d%", row[2]) and 0.9 < float(row[4]) <= 1.0
+    assert re.search(r"best 8-bit recipe by last-layer error: w8a8-dynamic: .*\((goal >= 0\.99: (met|missed))\)", out)

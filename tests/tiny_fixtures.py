@@ -28,6 +28,13 @@ def hf_esm2():
 
 
 @pytest.fixture(scope="session")
+def esmc():
+    from ptq_protein.models.tiny import tiny_esmc
+
+    return tiny_esmc(seed=0)[0]
+
+
+@pytest.fixture(scope="session")
 def esmfold():
     from ptq_protein.models.tiny import tiny_esmfold
 

@@ -31,6 +31,7 @@ MATMUL_HOSTS = {
     "EsmFoldSelfAttention",  # ESMFold sequence track
     "EsmFoldAttention",  # ESMFold triangle attention core
     "EsmFoldTriangleMultiplicativeUpdate",  # ESMFold pair track
+    "EsmCAttention",  # ptq-protein's ESM C (its explicit path runs while a torch function mode is active)
 }
 
 

@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
-MODEL_HELP = ("model name (tiny-esm2, tiny-esm2-hf, tiny-esmfold, esm2_t33_650M_UR50D, esmfold, "
-              "facebook/esm2_t6_8M_UR50D, "
+MODEL_HELP = ("model name (tiny-esm2, tiny-esm2-hf, tiny-esmfold, tiny-esmc, esm2_t33_650M_UR50D, esmc_600m, "
+              "esmfold, facebook/esm2_t6_8M_UR50D, "
               "...), a checkpoint path, or a Hugging Face folder; weights are read from local files only")
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}

@@ -1,7 +1,7 @@
 """``pp.export_onnx``: an artifact as an ONNX QDQ graph that ONNX Runtime (or any QDQ runtime) can run.
 
 What is exported: ESM-2 (fair-esm ``ESM2``, transformers ``EsmForMaskedLM`` /
-``EsmModel``) and the ESM-2 stem of ESMFold, whose quantized sites are uniform
+``EsmModel``), ESM C (ptq-protein's ``ESMC``) and the ESM-2 stem of ESMFold, whose quantized sites are uniform
 8-bit: weights per output channel, activations static per tensor or dynamic
 symmetric per token. Anything else is refused in one line naming the first site
 that cannot be written and why (PWLQ, FP8, 4-bit codes, per-channel activations,
@@ -9,7 +9,8 @@ quantized matmul operands).
 
 The graph takes ``input_ids`` and ``attention_mask``, both int64 ``[batch,
 length]``, as Optimum's ESM exports do: ESM-2 ids with BOS/EOS (the id table is
-written beside the file, :mod:`ptq_protein.interop.onnx_vocab`), and 1 for a token,
+written beside the file, :mod:`ptq_protein.interop.onnx_vocab`; ESM C's are the same for residues and
+special tokens), and 1 for a token,
 0 for padding (a masked position's id is read as padding, id 1). It returns
 ``last_hidden_state`` ``[batch, length, channels]`` (after the final LayerNorm,
 fair-esm's last ``representations``), ``logits`` first for masked LMs, and, with
@@ -40,6 +41,7 @@ from ptq_protein.config import Granularity, Scheme
 from ptq_protein.errors import InputError
 from ptq_protein.interop.onnx_qdq import OnnxActQuant, OnnxLinear, SpecialRows
 from ptq_protein.interop.onnx_vocab import check_vocab_out, vocab_for, write_vocab
+from ptq_protein.models.tokens import esmc_vocab
 from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.nn.special_tokens import SpecialTokenContext
 
@@ -67,7 +69,8 @@ def export_onnx(artifact: Union[str, Path], out: Union[str, Path], *, force: boo
         raise InputError(f"--out {out} is a folder; name the .onnx file to write, e.g. {out / 'model.onnx'}")
     model = load(artifact)
     wrapper = _wrap(model, hidden_states)
-    tokens = vocab_for(Path(artifact), stem=wrapper.kind == "stem")
+    own = esmc_vocab() if wrapper.kind == "esmc" else ()
+    tokens = vocab_for(Path(artifact), stem=wrapper.kind == "stem", default=own)
     check_vocab_out(out.parent, tokens, wrapper.outputs, force)
     check_exportable(wrapper.exported, model.ptq_recipe["sites"], wrapper.prefix)
     _swap_sites(wrapper.exported, wrapper.rows)
@@ -155,7 +158,7 @@ class _Exported(nn.Module):
         super().__init__()
         self.exported, self.kind, self.prefix = model, kind, prefix
         self.hidden_states = hidden_states or kind == "stem"
-        logits = ["logits"] if kind in ("fair-esm", "masked-lm") else []
+        logits = ["logits"] if kind in ("fair-esm", "masked-lm", "esmc") else []
         self.outputs = logits + ["last_hidden_state"] + (["hidden_states"] if self.hidden_states else [])
         quants = [m for m in model.modules() if isinstance(m, ActQuantizer) and m.special_tokens is not None]
         self.context: Optional[SpecialTokenContext] = quants[0].special_tokens if quants else None
@@ -168,7 +171,7 @@ class _Exported(nn.Module):
             for idx in self.context.special_ids:
                 special = special | (input_ids == idx)
             self.rows.mask = (special.t() if self.kind == "fair-esm" else special)[..., None]
-        if self.kind == "fair-esm":
+        if self.kind in ("fair-esm", "esmc"):  # both number repr_layers alike and return a dict
             last = self.exported.num_layers
             out = self.exported(input_ids, repr_layers=range(last + 1) if self.hidden_states else [last])
             logits, layers = out["logits"], [out["representations"][i] for i in sorted(out["representations"])]
@@ -186,14 +189,14 @@ _PAD = 1  # ESM-2's padding id
 
 
 def _wrap(model: nn.Module, hidden_states: bool) -> _Exported:
-    kinds = {"ESM2": "fair-esm", "EsmForMaskedLM": "masked-lm", "EsmModel": "base"}
+    kinds = {"ESM2": "fair-esm", "EsmForMaskedLM": "masked-lm", "EsmModel": "base", "ESMC": "esmc"}
     name = type(model).__name__
     if name in kinds:
         return _Exported(model, kinds[name], "", hidden_states)
     if name == "EsmForProteinFolding":
         return _Exported(model.esm, "stem", "esm.", hidden_states)
-    raise InputError(f"ONNX export covers ESM-2 (fair-esm ESM2, EsmForMaskedLM, EsmModel) and ESMFold's ESM-2 stem, "
-                     f"not {name}")
+    raise InputError(f"ONNX export covers ESM-2 (fair-esm ESM2, EsmForMaskedLM, EsmModel), ESM C and ESMFold's ESM-2 "
+                     f"stem, not {name}")
 
 
 @contextlib.contextmanager

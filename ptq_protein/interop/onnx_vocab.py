@@ -8,7 +8,7 @@ with the special ids and what each input and output of the graph holds.
 
 A language model's artifact keeps its source's ``vocab.txt`` where it had one;
 otherwise, and always for ESMFold's stem (which reads ESM-2 ids, not ESMFold's
-AlphaFold-order ones), the table is the 33-token ESM-2 alphabet.
+AlphaFold-order ones), the table is the 33-token ESM-2 alphabet (ESM C's own 33 tokens for ESM C).
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ VOCAB, TOKENS = "vocab.txt", "tokens.json"
 _SPECIAL = {"bos": "<cls>", "pad": "<pad>", "eos": "<eos>", "unk": "<unk>", "mask": "<mask>"}
 
 
-def vocab_for(artifact: Path, stem: bool) -> Tuple[str, ...]:
-    """The tokens, in id order, that the exported graph reads (see the module docstring)."""
+def vocab_for(artifact: Path, stem: bool, default: Sequence[str] = ()) -> Tuple[str, ...]:
+    """The tokens, in id order, that the exported graph reads (see the module docstring); ``default``: the
+    model's own table (ESM C's) where the artifact holds none."""
     source = Path(artifact) / VOCAB
     if not stem and source.is_file():
         return tuple(line.strip() for line in source.read_text(encoding="utf-8").splitlines() if line.strip())
-    return esm_vocab()
+    return tuple(default) or esm_vocab()
 
 
 def id_table(tokens: Sequence[str], outputs: Sequence[str]) -> Dict[str, object]:

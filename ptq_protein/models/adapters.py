@@ -7,7 +7,8 @@ activations are real residues (for mask-aware calibration).
 
 Families: fair-esm ``ESM2`` and ``ProteinBertModel`` (ESM-1b / ESM-1v),
 transformers ``EsmModel`` / ``EsmForMaskedLM`` and ``EsmForProteinFolding``
-(and fair-esm's own ESMFold when it imports).
+(and fair-esm's own ESMFold when it imports), and ptq-protein's ESM C
+(:class:`~ptq_protein.models.esmc.ESMC`).
 """
 
 from __future__ import annotations
@@ -364,6 +365,24 @@ class HFEsmFoldAdapter(ModelAdapter):
         return model(**kwargs)
 
 
+class EsmCAdapter(ModelAdapter):
+    """ptq-protein's ESM C: batch-first, fused QKV and SwiGLU linears, no contact head, no length limit (rotary)."""
+
+    family, max_residues = "esmc", None
+    head_globs = ("embed*", "sequence_head*")
+    norm_linear_pairs = (("attn.layernorm_qkv.0", ("attn.layernorm_qkv.1",)), ("ffn.0", ("ffn.1",)))
+
+    def make_batch(self, sequences: Sequence[str]) -> Batch:
+        tokens, mask = _esm_tokens(sequences)  # ESM C's ids are ESM-2's for residues, BOS, EOS, padding (tokens.py)
+        return Batch({"sequence_tokens": tokens}, mask, mask[:, 1:-1], tuple(sequences), _special_of(tokens, mask))
+
+    def token_ids_tap(self, model: nn.Module) -> Optional[Tuple[str, Tuple[int, ...], int]]:
+        return "embed", (int(model.bos_id), int(model.eos_id)), int(model.pad_id)
+
+    def forward(self, model: nn.Module, batch: Batch) -> Any:
+        return model(batch.inputs["sequence_tokens"].to(_device_of(model)))
+
+
 def _device_of(model: nn.Module) -> torch.device:
     for p in model.parameters():
         return p.device
@@ -377,15 +396,18 @@ _ADAPTERS = {
     "EsmForProteinFolding": HFEsmFoldAdapter,
     "EsmModel": HFEsmAdapter, "EsmForMaskedLM": HFEsmAdapter,
     "EsmForTokenClassification": HFEsmAdapter, "EsmForSequenceClassification": HFEsmAdapter,
+    "ptq_protein.models.esmc.ESMC": EsmCAdapter,  # by module too: EvolutionaryScale's class has the same name
 }
 
 
 def get_adapter(model: nn.Module) -> ModelAdapter:
     """Pick the adapter by class, subclasses included (never by checkpoint name)."""
     for cls in type(model).__mro__:
-        if cls.__name__ in _ADAPTERS:
-            return _ADAPTERS[cls.__name__](model)
+        for key in (cls.__name__, f"{cls.__module__}.{cls.__qualname__}"):
+            if key in _ADAPTERS:
+                return _ADAPTERS[key](model)
     raise TypeError(
         f"ptq-protein does not know how to calibrate a {type(model).__name__}; supported: fair-esm ESM2 / "
-        "ProteinBertModel, transformers EsmModel / EsmForMaskedLM / EsmForProteinFolding (or subclasses)"
+        "ProteinBertModel, transformers EsmModel / EsmForMaskedLM / EsmForProteinFolding (or subclasses), "
+        "ptq-protein's ESM C (ptq_protein.models.esmc.ESMC)"
     )

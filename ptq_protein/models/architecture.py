@@ -32,6 +32,9 @@ def describe_architecture(model: nn.Module) -> Dict[str, Any]:
                            "attention_heads": model.attention_heads, "token_dropout": bool(model.token_dropout)}}
     if name == "ProteinBertModel":
         return {"library": "fair-esm", "class": "ProteinBertModel", "args": dict(vars(model.args))}
+    if type(model).__module__ == "ptq_protein.models.esmc":
+        return {"library": "ptq-protein", "class": name,
+                "kwargs": {"d_model": model.d_model, "n_heads": model.n_heads, "n_layers": model.num_layers}}
     if hasattr(model, "config") and hasattr(model.config, "to_dict"):
         config = model.config.to_dict()
         config["_name_or_path"] = public_source(config.get("_name_or_path", ""))  # never a private local path
@@ -77,6 +80,14 @@ def _build(desc: Dict[str, Any]) -> nn.Module:
             return esm.model.esm2.ESM2(alphabet=alphabet, **desc["kwargs"])
         if cls == "ProteinBertModel":
             return esm.model.esm1.ProteinBertModel(argparse.Namespace(**desc["args"]), alphabet)
+    if library == "ptq-protein" and cls == "ESMC":
+        from ptq_protein.models.esmc import ESMC
+
+        kwargs = desc.get("kwargs")
+        if not isinstance(kwargs, dict) or set(kwargs) != {"d_model", "n_heads", "n_layers"}:
+            raise ArtifactError(f"recipe.json gives ESMC the arguments {kwargs!r}, not d_model, n_heads and n_layers: "
+                                "the artifact is corrupt, re-run quantize")
+        return ESMC(**kwargs)
     if library == "transformers":
         if cls not in TRANSFORMERS_CLASSES:
             raise ArtifactError(f"recipe.json names the transformers class {cls!r}, which ptq-protein does not build "

@@ -23,6 +23,7 @@ PUBLISHED_SIZES = {
     "esm2_t33_650M_UR50D": (33, 1280), "esm2_t36_3B_UR50D": (36, 2560), "esm2_t48_15B_UR50D": (48, 5120),
     "esm1b_t33_650M_UR50S": (33, 1280),
     **{f"esm1v_t33_650M_UR90S_{i}": (33, 1280) for i in range(1, 6)},
+    "esmc_300m": (30, 960), "esmc_600m": (36, 1152),  # EvolutionaryScale's esm/pretrained.py
 }
 
 
@@ -40,8 +41,10 @@ def check_name_fits(name: str, model: nn.Module, where: str) -> None:
 
 
 def _sizes(model: nn.Module) -> Tuple[int, int]:
-    """(layers, width): transformers from its config, fair-esm (ESM2, ESM-1) from its modules."""
+    """(layers, width): transformers from its config, ESM C from its sizes, fair-esm (ESM2, ESM-1) from its modules."""
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "num_hidden_layers"):
         return int(config.num_hidden_layers), int(config.hidden_size)
+    if hasattr(model, "d_model"):  # ptq_protein.models.esmc.ESMC
+        return int(model.num_layers), int(model.d_model)
     return len(model.layers), int(model.embed_tokens.embedding_dim)

@@ -5,8 +5,10 @@ the hidden states of chosen layers, the logits and the contact map. fair-esm's
 ``ESM2`` gives them as ``repr_layers`` / ``return_contacts``; transformers'
 ``EsmModel`` / ``EsmForMaskedLM`` as ``output_hidden_states`` (index ``i`` is
 fair-esm's layer ``i``: 0 the embeddings, the last one after the final
-LayerNorm) and ``predict_contacts``, which needs eager attention. This module
-hides that difference; it knows nothing of files or batching.
+LayerNorm) and ``predict_contacts``, which needs eager attention; ptq-protein's
+ESM C (:mod:`~ptq_protein.models.esmc`) numbers its ``repr_layers`` as fair-esm does
+and has no contact head. This module hides those differences; it knows nothing of
+files or batching.
 
 Float and quantized models are called the same way (a quantized model keeps
 its class), so these functions serve both.
@@ -43,7 +45,7 @@ class LMOutputs:
 class LMInfo:
     """What a caller needs to know of a language model before running it."""
 
-    family: str  # "fair-esm" or "hf-esm"
+    family: str  # "fair-esm", "hf-esm" or "esmc"
     num_layers: int
     embed_dim: int
     heads: int
@@ -61,6 +63,8 @@ def lm_info(model: nn.Module) -> LMInfo:
 
         return LMInfo("fair-esm", size("num_layers", "layers"), size("embed_dim", "embed_dim"),
                       size("attention_heads", "attention_heads"), True, hasattr(model, "contact_head"))
+    if _is_esmc(model):
+        return LMInfo("esmc", int(model.num_layers), int(model.d_model), int(model.n_heads), True, False)
     config = getattr(model, "config", None)
     if _hf_encoder(model) is not None and config is not None and not hasattr(model, "trunk"):
         return LMInfo("hf-esm", int(config.num_hidden_layers), int(config.hidden_size),
@@ -68,7 +72,7 @@ def lm_info(model: nn.Module) -> LMInfo:
                       getattr(_hf_encoder(model), "contact_head", None) is not None)
     raise TypeError(f"a {type(model).__name__} is not an ESM language model; embeddings and variant scores need "
                     "ESM-2 (fair-esm ESM2, or transformers EsmModel / EsmForMaskedLM) or an artifact quantized "
-                    "from one (ESMFold folds: use 'ptq-protein fold')")
+                    "from one, or ESM C (ptq_protein.models.esmc.ESMC); ESMFold folds: use 'ptq-protein fold'")
 
 
 def normalize_layers(layers: Sequence[int], num_layers: int) -> list:
@@ -89,7 +93,8 @@ def normalize_layers(layers: Sequence[int], num_layers: int) -> list:
 
 
 def lm_tokens(sequences: Sequence[str]) -> torch.Tensor:
-    """ESM tokens [B, T]: BOS, residues, EOS, then padding (fair-esm's batch converter's layout)."""
+    """ESM tokens [B, T]: BOS, residues, EOS, then padding (fair-esm's batch converter's layout; ESM C reads the
+    same ids, see :mod:`ptq_protein.models.tokens`)."""
     from ptq_protein.models.adapters import _esm_tokens
 
     return _esm_tokens(sequences)[0]
@@ -116,6 +121,10 @@ def lm_forward(model: nn.Module, tokens: torch.Tensor, repr_layers: Sequence[int
         return _to_cpu(LMOutputs(reps, out["logits"] if logits else None, out.get("contacts") if contacts else None))
     if contacts and not info.has_contact_head:
         raise ValueError(f"{type(model).__name__} has no contact head; leave 'contacts' out")
+    if info.family == "esmc":
+        out = model(tokens, repr_layers=list(repr_layers))
+        reps = {int(k): v for k, v in out["representations"].items()}
+        return _to_cpu(LMOutputs(reps, out["logits"] if logits else None, None))
     if not logits and info.has_lm_head:  # the encoder alone: the same hidden states, no head
         model, info = _hf_encoder(model), dataclasses.replace(info, has_lm_head=False)
     return _to_cpu(_hf_forward(model, tokens, repr_layers, contacts, info))
@@ -172,6 +181,12 @@ def eager_attention(model: nn.Module, needed: bool = True) -> Iterator[None]:
 
 def _is_fair_esm(model: nn.Module) -> bool:
     return any(cls.__name__ in ("ESM2", "ProteinBertModel") for cls in type(model).__mro__)
+
+
+def _is_esmc(model: nn.Module) -> bool:
+    from ptq_protein.models.esmc import ESMC
+
+    return isinstance(model, ESMC)
 
 
 def _hf_encoder(model: nn.Module) -> Optional[nn.Module]:

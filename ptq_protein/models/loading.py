@@ -13,7 +13,12 @@ Resolution of ``name_or_path`` (first match wins; nothing is ever downloaded):
 5. A fair-esm name (``esm2_t33_650M_UR50D``, ...; list in
    :data:`~ptq_protein.models.resolve.FAIR_ESM_MODELS`): ``<torch hub>/checkpoints/<name>.pt``
    (+ ``-contact-regression.pt`` if present), else the HF cache ``facebook/<name>``.
-6. ``org/name``: that repo in the HF cache.
+6. An ESM C name (``esmc_300m``, ``esmc_600m``, or their ``EvolutionaryScale/esmc-*`` repositories): the
+   official ``.pth`` file in the torch hub or the HF cache (:func:`~ptq_protein.models.resolve.esmc_candidates`).
+7. ``org/name``: that repo in the HF cache.
+
+A file holding an ESM C state dict (the official layout) loads as ptq-protein's
+:class:`~ptq_protein.models.esmc.ESMC` (:mod:`.esmc_load`), whatever its name.
 
 Otherwise :class:`~ptq_protein.errors.MissingWeightsError` lists the files and
 folders searched and how to provide them (folders: :mod:`.resolve`).
@@ -24,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import json
 import logging
 import os
 import re
@@ -38,13 +44,16 @@ from ptq_protein.fasta import ESM2_MAX_RESIDUES, ESM_AMINO_ACIDS, validate_seque
 from ptq_protein.models import resolve
 from ptq_protein.models.checkpoints import file_sha256, load_torch_checkpoint, split_state
 from ptq_protein.models.declared import check_name_fits
+from ptq_protein.models.esmc_load import is_esmc_state, load_esmc
 from ptq_protein.models.esmfold_convert import load_fair_esmfold
 from ptq_protein.models.fair_esm2 import load_fair_esm2
 from ptq_protein.models.mapped import attach_mapping
 from ptq_protein.models.tiny import TINY_MODELS, build_tiny
 from ptq_protein.models.tokens import (
     esm_tokenizer,
+    esmc_vocab,
     esmfold_tokenizer,
+    tokenize_esmc,
     tokenize_esmfold,
     tokenize_fair_esm,
     tokenize_hf_esm,
@@ -67,6 +76,7 @@ class ModelFamily(str, enum.Enum):
     FAIR_ESM = "fair-esm"  # esm.model.esm2.ESM2 (or ESM-1b/1v ProteinBertModel)
     HF_ESM = "hf-esm"  # transformers EsmForMaskedLM
     HF_ESMFOLD = "hf-esmfold"  # transformers EsmForProteinFolding
+    ESMC = "esmc"  # ptq_protein.models.esmc.ESMC (EvolutionaryScale's ESM C, the official weights)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -104,7 +114,7 @@ class LoadedModel:
     def tokenize(self, sequences: Sequence[str]) -> Tuple[torch.Tensor, torch.Tensor]:
         """(tokens, mask) on the model's device: mask is True on real tokens, False on padding.
 
-        fair-esm / hf-esm: shape (B, L_max + 2), ESM ids with BOS/EOS (the two agree);
+        fair-esm / hf-esm / esmc: shape (B, L_max + 2), ESM ids with BOS/EOS (the three agree);
         hf-esmfold: shape (B, L_max), AF2 residue indices as ``EsmForProteinFolding.forward`` takes them.
         """
         sequences = self.validate(sequences)
@@ -112,6 +122,8 @@ class LoadedModel:
             tokens, mask = tokenize_fair_esm(self.alphabet_or_tokenizer, sequences)
         elif self.family is ModelFamily.HF_ESM:
             tokens, mask = tokenize_hf_esm(self.alphabet_or_tokenizer, sequences)
+        elif self.family is ModelFamily.ESMC:
+            tokens, mask = tokenize_esmc(sequences)
         else:
             tokens, mask = tokenize_esmfold(sequences)
         return tokens.to(self.device), mask.to(self.device)
@@ -222,9 +234,11 @@ def _locate(name: str, weights: Optional[Union[str, os.PathLike]]) -> Path:
     if short in resolve.FAIR_ESM_MODELS:
         order = [(None, f"{short}.pt"), (f"facebook/{short}", None)]
         return _search(name, order[::-1] if name.startswith("facebook/") else order)
+    if resolve.esmc_name(name) is not None:
+        return resolve.locate_esmc(name)
     if re.fullmatch(r"[\w.-]+/[\w.-]+", name):
         return _search(name, [(name, None)])
-    known = list(TINY_MODELS) + list(resolve.ESMFOLD_NAMES) + list(resolve.FAIR_ESM_MODELS)
+    known = list(TINY_MODELS) + list(resolve.ESMFOLD_NAMES) + list(resolve.FAIR_ESM_MODELS) + list(resolve.ESMC_MODELS)
     close = difflib.get_close_matches(short, known, n=1, cutoff=0.6)
     hint = f"did you mean {close[0]!r}? " if close else ""
     raise InputError(f"unknown model {name!r}: {hint}not a file or folder, nor one of {', '.join(known)}, "
@@ -255,7 +269,7 @@ def _search(name: str, order: Sequence[Tuple[Optional[str], Optional[str]]]) -> 
 
 def _load_tiny(name: str, seed: int) -> LoadedModel:
     model, vocab, spec = build_tiny(name, seed=seed)
-    max_length = None if spec.family == ModelFamily.HF_ESMFOLD.value else ESM2_MAX_RESIDUES
+    max_length = None if spec.family in (ModelFamily.HF_ESMFOLD.value, ModelFamily.ESMC.value) else ESM2_MAX_RESIDUES
     return LoadedModel(model, vocab, spec.family, name, _tiny_source(name, seed), None, max_length)
 
 
@@ -270,8 +284,9 @@ def _read_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: 
     label = _label(name, path)
     if path.is_dir():
         hf = resolve.is_hf_folder(path)
-        # an artifact, but not one transformers' loader turns into a quantized model that require_float names
-        if (path / "recipe.json").is_file() and (not hf or _fair_esm_artifact(path)):
+        # an artifact transformers' loader does not open as a quantized model (fair-esm: pp.load's own layout;
+        # ESM C: its config.json only makes transformers refuse it)
+        if (path / "recipe.json").is_file() and (not hf or _own_loader_artifact(path)):
             raise InputError(f"{path} is a ptq-protein artifact (recipe.json), not a float model: load it with "
                              "ptq_protein.load, or load its source model")
         if not hf:
@@ -286,6 +301,11 @@ def _read_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: 
         model, _ = load_fair_esmfold(path, config=config, allow_pickle=allow_pickle, mmap=mmap)
         return LoadedModel(model, esmfold_tokenizer(), ModelFamily.HF_ESMFOLD, label, str(path), digest, None)
     data = load_torch_checkpoint(path, allow_pickle=allow_pickle, mmap=mmap)
+    if is_esmc_state(data):
+        model = load_esmc(data, str(path))
+        if mmap:
+            attach_mapping(model, data.values())
+        return LoadedModel(model, esmc_vocab(), ModelFamily.ESMC, label, str(path), digest, None)
     state, _ = split_state(data, path)
     if any(k.startswith("trunk.") for k in state):
         del data, state
@@ -324,18 +344,6 @@ def _load_fair_esm(name: str, path: Path, data: dict, allow_pickle: bool):
     return model.eval(), alphabet
 
 
-def _fair_esm_artifact(folder: Path) -> bool:
-    """A ptq-protein artifact quantized from a fair-esm model (its recipe.json says so)."""
-    import json
-
-    try:
-        recipe = json.loads((folder / "recipe.json").read_text())
-    except (OSError, ValueError, RecursionError):
-        return False
-    arch = recipe.get("architecture") if isinstance(recipe, dict) else None
-    return isinstance(arch, dict) and arch.get("library") == "fair-esm"
-
-
 def _load_hf_folder(folder: Path):
     """EsmForProteinFolding (config.is_folding_model), EsmModel (a trunk saved without a head, as its
     config.json's ``architectures`` says) or EsmForMaskedLM; all keys required."""
@@ -372,6 +380,15 @@ def _load_hf_folder(folder: Path):
         tokenizer = esmfold_tokenizer() if folding else esm_tokenizer(config.vocab_list or ())
     family = ModelFamily.HF_ESMFOLD if folding else ModelFamily.HF_ESM
     return model.eval(), tokenizer, family
+
+
+def _own_loader_artifact(folder: Path) -> bool:
+    """An artifact of a fair-esm model or of ptq-protein's own class (ESM C), as its recipe.json describes it."""
+    try:
+        library = json.loads((folder / "recipe.json").read_text())["architecture"]["library"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return False
+    return library in ("fair-esm", "ptq-protein")
 
 
 def _has_pooler(folder: Path) -> bool:

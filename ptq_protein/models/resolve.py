@@ -4,6 +4,9 @@
   ``<name>-contact-regression.pt``); the hub dir is ``torch.hub.get_dir()``,
   i.e. ``$TORCH_HOME/hub`` with ``TORCH_HOME`` defaulting to
   ``$XDG_CACHE_HOME/torch`` or ``~/.cache/torch``.
+* ESM C: ``<torch hub dir>/checkpoints/esmc_300m_2024_12_v0.pth`` (or ``esmc_600m_...``), else the file where
+  EvolutionaryScale's own package downloads it: ``data/weights/<file>`` in the Hugging Face snapshot of
+  ``EvolutionaryScale/esmc-300m-2024-12`` (``-600m-``), the revision chosen as below.
 * Hugging Face: ``<hub cache>/models--<org>--<name>/snapshots/<revision>/``
   where the hub cache is ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
   ``$XDG_CACHE_HOME/huggingface/hub``, else ``~/.cache/huggingface/hub``
@@ -32,6 +35,10 @@ __all__ = [
     "ESMFOLD_FAIR_CHECKPOINT",
     "ESMFOLD_FAIR_STEM",
     "ESMFOLD_HF_REPO",
+    "ESMC_MODELS",
+    "esmc_name",
+    "esmc_candidates",
+    "locate_esmc",
     "torch_checkpoints_dir",
     "hf_hub_cache_dir",
     "hf_snapshot",
@@ -55,6 +62,11 @@ ESMFOLD_NAMES = ("esmfold", "esmfold_v1")
 ESMFOLD_FAIR_CHECKPOINT = "esmfold_3B_v1.pt"
 ESMFOLD_FAIR_STEM = "esm2_t36_3B_UR50D"
 ESMFOLD_HF_REPO = "facebook/esmfold_v1"
+#: ESM C models ``load_model`` resolves by name: name -> (official file, Hugging Face repository holding it under
+#: ``data/weights/``), as EvolutionaryScale's esm/pretrained.py and esm/utils/constants/esm3.py name them.
+ESMC_MODELS = {"esmc_300m": ("esmc_300m_2024_12_v0.pth", "EvolutionaryScale/esmc-300m-2024-12"),
+               "esmc_600m": ("esmc_600m_2024_12_v0.pth", "EvolutionaryScale/esmc-600m-2024-12")}
+_ESMC_HF_FOLDER = "data/weights"
 _HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                     "pytorch_model.bin.index.json")
 
@@ -113,13 +125,44 @@ def is_hf_folder(path: Path) -> bool:
     return (path / "config.json").is_file() and any((path / name).is_file() for name in _HF_WEIGHT_FILES)
 
 
+_PROVIDE_ESM = ("Provide them with --weights PATH (a fair-esm .pt file or a Hugging Face model folder), put "
+                "fair-esm files in $TORCH_HOME/hub/checkpoints, or set HF_HOME/HF_HUB_CACHE to a cache holding them")
+_PROVIDE_ESMC = ("Provide them with --weights PATH (the official .pth file), put it in $TORCH_HOME/hub/checkpoints, "
+                 "or set HF_HOME/HF_HUB_CACHE to the cache EvolutionaryScale's package downloaded it to")
+
+
 def missing_weights(name: str, files: Sequence[str], folders: Iterable[Path]) -> MissingWeightsError:
     """The one-line error for weights that are not on disk: what, where, and how to provide them."""
     searched = ", ".join(str(f) for f in dict.fromkeys(folders))
-    return MissingWeightsError(
-        f"no local weights for {name!r}: looked for {', '.join(files)} in {searched}; nothing is downloaded. "
-        "Provide them with --weights PATH (a fair-esm .pt file or a Hugging Face model folder), "
-        "put fair-esm files in $TORCH_HOME/hub/checkpoints, or set HF_HOME/HF_HUB_CACHE to a cache holding them")
+    provide = _PROVIDE_ESMC if esmc_name(name) is not None else _PROVIDE_ESM
+    return MissingWeightsError(f"no local weights for {name!r}: looked for {', '.join(files)} in {searched}; nothing "
+                               f"is downloaded. {provide}")
+
+
+def esmc_name(name: str) -> Optional[str]:
+    """The ESM C model ``name`` means (``esmc_300m``, or its repository ``EvolutionaryScale/esmc-300m-2024-12``)."""
+    return next((short for short, (_, repo) in ESMC_MODELS.items() if name in (short, repo)), None)
+
+
+def esmc_candidates(short: str) -> List[Path]:
+    """Where ESM C ``short``'s file may lie, in search order (existing or not; see the module docstring)."""
+    filename, repo_id = ESMC_MODELS[short]
+    found = [torch_checkpoints_dir() / filename]
+    snapshots = hf_repo_folder(repo_id) / "snapshots"
+    ref = hf_repo_folder(repo_id) / "refs" / "main"
+    revisions = ([ref.read_text(encoding="utf-8").strip()] if ref.is_file() else
+                 sorted((p.name for p in snapshots.iterdir()), key=lambda n: -(snapshots / n).stat().st_mtime)
+                 if snapshots.is_dir() else [])
+    return found + [snapshots / revision / _ESMC_HF_FOLDER / filename for revision in revisions or ["*"]]
+
+
+def locate_esmc(name: str) -> Path:
+    """The first of :func:`esmc_candidates` that exists, else the error naming every place searched."""
+    candidates = esmc_candidates(esmc_name(name))
+    found = next((p for p in candidates if p.is_file()), None)
+    if found is None:
+        raise missing_weights(name, list(dict.fromkeys(p.name for p in candidates)), [p.parent for p in candidates])
+    return found.absolute()
 
 
 def fair_checkpoint_files(name: str) -> List[Path]:

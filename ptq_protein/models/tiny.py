@@ -10,6 +10,8 @@ few thousand to a few hundred thousand parameters, CPU forward in milliseconds.
   :mod:`ptq_protein.models.esm_keymap`), so the two libraries can be compared.
 * :func:`tiny_esmfold` -- transformers ``EsmForProteinFolding`` (``fp16_esm=False``)
   whose ESM-2 stem is ``tiny_esm2(seed, num_layers=2, embed_dim=32, heads=4)``.
+* :func:`tiny_esmc` -- ptq-protein's ESM C (:class:`~ptq_protein.models.esmc.ESMC`, the official
+  module names and forward), 2 blocks x 64, 4 heads.
 
 Weights: every parameter is redrawn by :func:`seeded_init_` from a private
 ``torch.Generator(seed)`` in ``named_parameters()`` order, so results do not
@@ -18,7 +20,7 @@ ESMFold "final" layers and would make the trunk an identity). By default
 (:data:`DEMO_OUTLIERS`) trained-ESM-like outlier channels are planted in the
 ESM-2 stem; pass ``outliers=None`` for a plain random model.
 
-Registry names for ``load_model``: ``tiny-esm2``, ``tiny-esm2-hf``, ``tiny-esmfold``.
+Registry names for ``load_model``: ``tiny-esm2``, ``tiny-esm2-hf``, ``tiny-esmfold``, ``tiny-esmc``.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ import torch
 from torch import nn
 
 from ptq_protein.models.esm_keymap import fair_esm2_to_hf, uses_per_layer_rotary
+from ptq_protein.models.esmc import ESMC
 from ptq_protein.models.outliers import OutlierSpec, plant_outlier_channels_
-from ptq_protein.models.tokens import esm_tokenizer, esm_vocab, esmfold_tokenizer
+from ptq_protein.models.tokens import esm_tokenizer, esm_vocab, esmc_vocab, esmfold_tokenizer
 
 __all__ = [
     "DEMO_OUTLIERS",
@@ -42,6 +45,7 @@ __all__ = [
     "tiny_hf_esm2",
     "tiny_esmfold",
     "tiny_esmfold_config",
+    "tiny_esmc",
     "hf_esm2_config",
     "build_tiny",
     "seeded_init_",
@@ -136,6 +140,31 @@ def tiny_esmfold(seed: int = 0, outliers: Optional[OutlierSpec] = DEMO_OUTLIERS)
     return model.eval(), esmfold_tokenizer()
 
 
+def tiny_esmc(seed: int = 0, num_layers: int = 2, d_model: int = 64, heads: int = 4,
+              outliers: Optional[OutlierSpec] = DEMO_OUTLIERS):
+    """A seeded ESM C (:class:`~ptq_protein.models.esmc.ESMC`) in eval mode and its vocabulary.
+
+    Outlier channels are planted as in :func:`tiny_esm2`: in the token embedding (BOS/EOS the tail) and in the
+    rows of each block's SwiGLU output linear (``ffn.3``).
+
+    Returns
+    -------
+    (ESMC, tuple of the 33 ESM C tokens in id order)
+
+    Examples
+    --------
+    >>> model, vocab = tiny_esmc(seed=0)
+    >>> model(torch.tensor([[vocab.index("<cls>"), vocab.index("M"), vocab.index("<eos>")]]))["logits"].shape
+    torch.Size([1, 3, 64])
+    """
+    model = _construct(lambda: ESMC(d_model=d_model, n_heads=heads, n_layers=num_layers), seed)
+    seeded_init_(model, seed)
+    if outliers is not None:
+        plant_outlier_channels_(model.embed, [block.ffn[3] for block in model.transformer.blocks], outliers,
+                                seed=seed, tail_tokens=(model.bos_id, model.eos_id))
+    return model.eval(), esmc_vocab()
+
+
 def tiny_esmfold_config():
     """The tiny ``EsmConfig``: ESM-2 stem 2 layers x 32 (FFN 128), trunk 2 blocks, structure module 2 blocks.
 
@@ -211,6 +240,7 @@ TINY_MODELS: Dict[str, TinySpec] = {
     "tiny-esm2": TinySpec("fair-esm", tiny_esm2, "fair-esm ESM2, 2 layers x 64, 4 heads, demo outliers"),
     "tiny-esm2-hf": TinySpec("hf-esm", tiny_hf_esm2, "transformers EsmForMaskedLM, same weights as tiny-esm2"),
     "tiny-esmfold": TinySpec("hf-esmfold", tiny_esmfold, "transformers EsmForProteinFolding, 2x32 stem, 2 blocks"),
+    "tiny-esmc": TinySpec("esmc", tiny_esmc, "ESM C (ptq-protein's, the official layout), 2 blocks x 64, 4 heads"),
 }
 
 

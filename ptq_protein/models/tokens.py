@@ -1,7 +1,12 @@
-"""Vocabularies and batch tokenization for the three model families, offline.
+"""Vocabularies and batch tokenization for the model families, offline.
 
 * fair-esm and transformers ESM-2 share the 33-token ESM alphabet
   (``esm.data.Alphabet.from_architecture("ESM-1b").all_toks``): ``<cls>`` + residues + ``<eos>``.
+* ESM C (:mod:`ptq_protein.models.esmc`) reads EvolutionaryScale's 33-token sequence vocabulary
+  (:data:`ESMC_VOCAB`): the same ids as ESM-2's for every residue letter, ``<cls>``, ``<pad>``,
+  ``<eos>``, ``<unk>`` and ``<mask>``; only id 31 differs (``|``, the chain break, where ESM-2 has
+  ``<null_1>``), so ESM-2's batch layout feeds it unchanged (``tests/models/test_esmc.py`` checks
+  both against the official tokenizer's output).
 * transformers ESMFold takes AlphaFold2 residue indices (``restypes_with_x``:
   ARNDCQEGHILKMFPSTWYV, X = 20), no BOS/EOS, padding 0 masked out, as its
   ``infer()`` builds them; letters B/U/Z/O become X like ``infer()`` does.
@@ -19,8 +24,15 @@ from typing import List, Sequence, Tuple
 
 import torch
 
-__all__ = ["esm_vocab", "esmfold_vocab", "esm_tokenizer", "esmfold_tokenizer",
-           "tokenize_fair_esm", "tokenize_hf_esm", "tokenize_esmfold"]
+__all__ = ["ESMC_VOCAB", "esm_vocab", "esmc_vocab", "esmfold_vocab", "esm_tokenizer", "esmfold_tokenizer",
+           "tokenize_fair_esm", "tokenize_hf_esm", "tokenize_esmc", "tokenize_esmfold"]
+
+#: ESM C's sequence vocabulary in id order (``SEQUENCE_VOCAB`` of esm/utils/constants/esm3.py, esm 3.2.1.post1).
+ESMC_VOCAB = ("<cls>", "<pad>", "<eos>", "<unk>",
+              "L", "A", "G", "V", "S", "E", "R", "T", "I", "D", "P", "K",
+              "Q", "N", "F", "Y", "M", "H", "W", "C", "X", "B", "U", "Z",
+              "O", ".", "-", "|",
+              "<mask>")
 
 
 @functools.lru_cache(maxsize=1)
@@ -29,6 +41,11 @@ def esm_vocab() -> Tuple[str, ...]:
     import esm
 
     return tuple(esm.data.Alphabet.from_architecture("ESM-1b").all_toks)
+
+
+def esmc_vocab() -> Tuple[str, ...]:
+    """The 33 ESM C tokens in id order (:data:`ESMC_VOCAB`)."""
+    return ESMC_VOCAB
 
 
 @functools.lru_cache(maxsize=1)
@@ -67,6 +84,18 @@ def tokenize_hf_esm(tokenizer, sequences: Sequence[str]) -> Tuple[torch.Tensor, 
     """(input_ids, attention_mask as bool), shape (B, L_max + 2), with the model's own tokenizer."""
     encoded = tokenizer(list(sequences), padding=True, return_tensors="pt")
     return encoded["input_ids"], encoded["attention_mask"].bool()
+
+
+def tokenize_esmc(sequences: Sequence[str]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, mask), shape (B, L_max + 2): ``<cls>``, one id per residue (``<unk>`` for a letter outside the
+    vocabulary), ``<eos>``, then ``<pad>``; as the official ``ESMC._tokenize`` builds a batch."""
+    index = {token: i for i, token in enumerate(ESMC_VOCAB)}
+    rows = [[index["<cls>"], *(index.get(letter, index["<unk>"]) for letter in seq), index["<eos>"]]
+            for seq in sequences]
+    tokens = torch.full((len(rows), max((len(r) for r in rows), default=0)), index["<pad>"], dtype=torch.long)
+    for i, row in enumerate(rows):
+        tokens[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+    return tokens, tokens != index["<pad>"]
 
 
 def tokenize_esmfold(sequences: Sequence[str]) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -21,7 +21,7 @@ AUTO = "auto"
 
 def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwlq", calibration: Any = None, *,
              budget: Optional[str] = None, max_bits_avg: Optional[float] = None, **kwargs: Any) -> nn.Module:
-    """Quantize an ESM model (fair-esm or transformers) and return a copy, called like the original.
+    """Quantize an ESM model (fair-esm, transformers, or ESM C) and return a copy, called like the original.
 
     A named recipe or config runs its passes (`ptq_protein.api.quantize`); `config="auto"` instead
     searches a per-unit precision plan meeting `budget` / `max_bits_avg`
@@ -31,8 +31,8 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     Parameters
     ----------
     model
-        fair-esm `ESM2` / `ProteinBertModel`, or transformers `EsmModel` / `EsmForMaskedLM` /
-        `EsmForProteinFolding`; not modified unless `inplace=True`.
+        fair-esm `ESM2` / `ProteinBertModel`, transformers `EsmModel` / `EsmForMaskedLM` /
+        `EsmForProteinFolding`, or ESM C (`ptq_protein.models.esmc.ESMC`); not modified unless `inplace=True`.
     config
         A preset name (`"w8a8-pwlq"`; see `ptq_protein.presets.PRESETS`), a `QuantConfig`, its
         `to_dict()`, or `"auto"` for the mixed-precision search.

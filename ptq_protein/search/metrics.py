@@ -26,7 +26,8 @@ from ptq_protein.models.adapters import ModelAdapter
 __all__ = ["Metric", "Scorer", "check_metric", "choose_metric", "default_metric", "MIN_SEPARATION", "METRIC_VALUES"]
 
 MIN_SEPARATION = 6  # contacts: |i - j| >= 6, the CASP short+medium+long range convention
-_LM_FAMILIES = ("fair-esm", "hf-esm")
+_LM_FAMILIES = ("fair-esm", "hf-esm", "esmc")
+_CONTACT_LM_FAMILIES = ("fair-esm", "hf-esm")  # ESM C has no contact head
 _FOLD_FAMILIES = ("hf-esmfold",)
 
 
@@ -66,11 +67,12 @@ def choose_metric(family: str, metric: Optional[Union[str, Metric]] = None,
 def check_metric(metric: Metric, family: str) -> Metric:
     """``metric`` if a model of ``family`` can give it, else an InputError naming what it can give."""
     metric = Metric(metric)
-    able = {Metric.TM: _FOLD_FAMILIES, Metric.CONTACTS: _LM_FAMILIES + _FOLD_FAMILIES, Metric.LOGITS: _LM_FAMILIES}
+    able = {Metric.TM: _FOLD_FAMILIES, Metric.CONTACTS: _CONTACT_LM_FAMILIES + _FOLD_FAMILIES,
+            Metric.LOGITS: _LM_FAMILIES}
     if family not in able[metric]:
         offered = [m.value for m, fams in able.items() if family in fams]
         raise InputError(f"metric {metric.value!r} needs "
-                         f"{'a folding model (ESMFold)' if metric is Metric.TM else 'an ESM-2 language model'}"
+                         f"{'a folding model (ESMFold)' if metric is Metric.TM else 'an ESM language model'}"
                          f", but this is a {family} model; it can give: {', '.join(offered)}")
     return metric
 

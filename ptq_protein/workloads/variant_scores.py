@@ -62,8 +62,9 @@ def position_log_probs(model: nn.Module, sequence: str, strategy: "str | Strateg
                        positions: Optional[Sequence[int]] = None) -> torch.Tensor:
     """log-softmax [L, V] (float32, CPU) at each residue: unmasked (wt-marginals) or residue masked (masked-marginals).
 
-    Row ``i`` is position ``i`` of ``sequence``; columns are ESM token ids. ``positions`` (0-based): the rows
-    wanted (masked-marginals runs one masked copy per wanted row; the other rows are NaN); None: every row.
+    Row ``i`` is position ``i`` of ``sequence``; columns are the model's token ids (ESM C gives 64 logits, its 33
+    ESM ids first; the softmax runs over every logit the model gives). ``positions`` (0-based): the rows wanted
+    (masked-marginals runs one masked copy per wanted row; the other rows are NaN); None: every row.
     """
     strategy = Strategy.parse(strategy)
     if not strategy.marginal:
@@ -72,7 +73,7 @@ def position_log_probs(model: nn.Module, sequence: str, strategy: "str | Strateg
     tokens = lm_tokens([sequence])
     if strategy is Strategy.WT_MARGINALS:
         return torch.log_softmax(lm_forward(model, tokens).logits[0, 1:len(sequence) + 1], dim=-1)
-    out = torch.full((len(sequence), len(esm_vocab())), float("nan"))
+    out = None  # [L, V]: V is the model's logits width (33 for ESM-2, 64 for ESM C)
     wanted = sorted(set(range(len(sequence)) if positions is None else positions))
     for batch in _batches([len(sequence)] * len(wanted), toks_per_batch, progress, "masked-marginals"):
         rows = [wanted[k] for k in batch]
@@ -80,7 +81,10 @@ def position_log_probs(model: nn.Module, sequence: str, strategy: "str | Strateg
         at = torch.tensor(rows) + 1  # BOS first
         copies[torch.arange(len(rows)), at] = _mask_id()
         logits = lm_forward(model, copies).logits
+        out = torch.full((len(sequence), logits.shape[-1]), float("nan")) if out is None else out
         out[rows] = torch.log_softmax(logits[torch.arange(len(rows)), at], dim=-1)
+    if out is None:  # no position wanted
+        out = torch.full((len(sequence), len(esm_vocab())), float("nan"))
     return out
 
 

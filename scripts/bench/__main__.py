@@ -38,6 +38,8 @@ BENCHES: Dict[str, str] = {  # name -> module (importable with scripts/ on sys.p
     "score": "bench.score",
     "embed_memory": "bench.embed_memory",
     "onednn_reorders": "bench.onednn_reorders",
+    "esmc_embed": "bench_esmc_embed",
+    "esmc_study": "bench_esmc_study",
     "kernels": "bench_kernels",
     "gpu_check": "gpu_check",
 }

@@ -261,3 +261,15 @@ def bundled_records(count: int, sets: Sequence[str] = ("cameo139", "casp14", "ca
 def write_fasta(path: Path, records: Sequence[Tuple[str, str]]) -> Path:
     path.write_text("".join(f">{label}\n{seq}\n" for label, seq in records))
     return path
+
+
+def best_rates(rows: Dict[str, Callable[[], int]], threads: int, reps: int) -> Dict[str, Tuple[float, float]]:
+    """{row: (residues/s, padding share or nan)}, best of ``reps`` passes; each row's callable returns residues."""
+    torch.set_num_threads(threads)
+    best: Dict[str, float] = {}
+    for _ in range(reps):
+        for name, run in rows.items():
+            start = time.perf_counter()
+            residues = run()
+            best[name] = max(best.get(name, 0.0), residues / (time.perf_counter() - start))
+    return {name: (rate, getattr(rows[name], "padding", float("nan"))) for name, rate in best.items()}

@@ -1,7 +1,7 @@
 """Tiny seeded models shared by the core tests (built once per session)."""
 
 import pytest
-from tiny_fixtures import SEQS, calib_seqs, esm2, esm2_plain, esmfold, hf_esm2, seqs  # noqa: F401 (fixtures)
+from tiny_fixtures import SEQS, calib_seqs, esm2, esm2_plain, esmc, esmfold, hf_esm2, seqs  # noqa: F401 (fixtures)
 
 
 @pytest.fixture()

@@ -77,7 +77,7 @@ def _rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-@pytest.mark.parametrize("family", ["esm2", "hf_esm2"])
+@pytest.mark.parametrize("family", ["esm2", "hf_esm2", "esmc"])
 @pytest.mark.parametrize("preset", ["w8a8-pwlq", "w8a8-dynamic", "w4-only"])
 def test_quantized_models_run_in_half_and_bfloat16(request, seqs, family, preset):
     """After a float32 forward (fair-esm's rotary cache trap), casts run and stay near the fake float32 model.
@@ -102,7 +102,7 @@ def test_quantized_models_run_in_half_and_bfloat16(request, seqs, family, preset
         assert _rel(auto, ref) <= 2 * (_rel(ref, fp_ref) + _rel(fp_auto, fp_ref))
 
 
-@pytest.mark.parametrize("family", ["esm2", "hf_esm2"])
+@pytest.mark.parametrize("family", ["esm2", "hf_esm2", "esmc"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_model_saved_in_half_reloads_in_half(request, seqs, tmp_path, family, dtype):
     """pp.load(A).half() saved, then loaded again: the same dtype, the same logits bit for bit."""

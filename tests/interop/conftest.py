@@ -1,7 +1,7 @@
 """Tiny seeded models shared by the interop tests (built once per session), and a saved masked-LM artifact."""
 
 import pytest
-from tiny_fixtures import SEQS, calib_seqs, esm2, esmfold, hf_esm2, seqs  # noqa: F401 (fixtures)
+from tiny_fixtures import SEQS, calib_seqs, esm2, esmc, esmfold, hf_esm2, seqs  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(scope="module")

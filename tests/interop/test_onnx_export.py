@@ -50,6 +50,11 @@ def _export(model, recipe, seqs, tmp_path, **kwargs):
     return pp.load(tmp_path / "a", backend="fake"), ort_session(tmp_path / "m.onnx", threads=1)
 
 
+def _ids(batch):
+    """The batch's token ids, whatever the family calls them."""
+    return next(batch.inputs[k] for k in ("tokens", "input_ids", "sequence_tokens") if k in batch.inputs)
+
+
 def _feed(ids, mask=None):
     mask = (ids != 1) if mask is None else mask
     return {"input_ids": ids.numpy(), "attention_mask": mask.long().numpy()}
@@ -58,7 +63,7 @@ def _feed(ids, mask=None):
 def _torch_outputs(model, ids):
     """(logits, last_hidden_state) as torch computes them, from the model's own forward."""
     with torch.no_grad():
-        if type(model).__name__ == "ESM2":
+        if type(model).__name__ in ("ESM2", "ESMC"):
             out = model(ids, repr_layers=[model.num_layers])
             return out["logits"], out["representations"][model.num_layers]
         out = model(input_ids=ids, attention_mask=(ids != 1).long(), output_hidden_states=True)
@@ -66,12 +71,12 @@ def _torch_outputs(model, ids):
 
 
 @pytest.mark.parametrize("recipe", ["w8a8-uniform", "w8a8-dynamic", "w8-only"])
-@pytest.mark.parametrize("family", ["esm2", "hf_esm2"])
+@pytest.mark.parametrize("family", ["esm2", "hf_esm2", "esmc"])
 def test_onnx_runtime_matches_the_fake_model(request, seqs, tmp_path, family, recipe):
     ref, session = _export(request.getfixturevalue(family), recipe, seqs, tmp_path)
     adapter = get_adapter(ref)
     batch = adapter.make_batch(seqs)  # five lengths: a padded batch, longer than the traced one
-    ids = batch.inputs.get("tokens", batch.inputs.get("input_ids"))
+    ids = _ids(batch)
     assert [i.name for i in session.get_inputs()] == ["input_ids", "attention_mask"]
     assert [o.name for o in session.get_outputs()] == ["logits", "last_hidden_state"]
 
@@ -89,7 +94,7 @@ def test_onnx_runtime_matches_the_fake_model(request, seqs, tmp_path, family, re
     assert _rel(alone, run(ref)[:1], ids[:1] != 1) <= _bound(run, ref, ids != 1)
 
 
-@pytest.mark.parametrize("family", ["esm2", "hf_esm2"])
+@pytest.mark.parametrize("family", ["esm2", "hf_esm2", "esmc"])
 def test_attention_mask_masks_padding_and_the_id_table_tokenizes(request, seqs, tmp_path, family):
     """Padding is what attention_mask says, whatever ids stand there; vocab.txt beside the file is a tokenizer
     whose ids are the ones the model was quantized with."""
@@ -100,7 +105,7 @@ def test_attention_mask_masks_padding_and_the_id_table_tokenizes(request, seqs, 
     encoded = tokenizer(seqs, padding=True, return_tensors="pt")
     ids, mask = encoded["input_ids"], encoded["attention_mask"]
     batch = get_adapter(ref).make_batch(seqs)
-    assert torch.equal(ids, batch.inputs.get("tokens", batch.inputs.get("input_ids")))
+    assert torch.equal(ids, _ids(batch))
     want = _torch_outputs(ref, ids)[1]
     keep = mask.bool()
     got = session.run(["last_hidden_state"], _feed(ids, mask))[0]
@@ -227,7 +232,7 @@ def test_one_site_is_exact_in_onnx_runtime(tmp_path, dynamic):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
-@pytest.mark.parametrize("family", ["esm2", "hf_esm2"])
+@pytest.mark.parametrize("family", ["esm2", "hf_esm2", "esmc"])
 def test_every_site_is_one_integer_gemm_in_onnx_runtime(request, seqs, tmp_path, family):
     """With BOS/EOS rows kept in float (the default), ONNX Runtime still fuses every quantized Linear into one
     u8 x u8 integer GEMM (``MatMulIntegerToFloat``); the float rows run as a small ``MatMul`` of their own."""
@@ -266,7 +271,7 @@ def test_onnx_runtime_at_1022_residues_within_the_stated_bound(request, seqs, tm
     ref, session = _export(request.getfixturevalue(family), recipe, seqs, tmp_path)
     adapter = get_adapter(ref)
     batch = adapter.make_batch([_long_sequence(1022)])
-    ids = batch.inputs.get("tokens", batch.inputs.get("input_ids"))
+    ids = _ids(batch)
     want = _torch_outputs(ref, ids)[0]
     got = session.run(["logits"], _feed(ids))[0]
     assert _rel(got, want, ids != 1) <= BOUND_1022[recipe]
@@ -286,7 +291,7 @@ def test_at_1022_residues_the_only_code_differences_sit_on_a_code_boundary(reque
     ref, _ = _export(request.getfixturevalue(family), "w8a8-uniform", seqs, tmp_path)
     adapter = get_adapter(ref)
     batch = adapter.make_batch([_long_sequence(1022)])
-    ids = batch.inputs.get("tokens", batch.inputs.get("input_ids"))
+    ids = _ids(batch)
     graph = onnx.load(str(tmp_path / "m.onnx"))
     nodes = [n for n in graph.graph.node if n.op_type == "QuantizeLinear"]
     for node in nodes:  # expose every quantizer's input and codes

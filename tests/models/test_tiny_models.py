@@ -91,7 +91,7 @@ def test_tiny_esmfold_trunk_is_not_an_identity():
 @pytest.mark.parametrize("name", sorted(TINY_MODELS))
 def test_registry_builds_every_tiny_model(name):
     model, vocab, spec = build_tiny(name, seed=0)
-    assert spec.family in {"fair-esm", "hf-esm", "hf-esmfold"} and vocab is not None
+    assert spec.family in {"fair-esm", "hf-esm", "hf-esmfold", "esmc"} and vocab is not None
     assert sum(p.numel() for p in model.parameters()) < 2_000_000
     with pytest.raises(ValueError, match="unknown tiny model"):
         build_tiny("tiny-bert")

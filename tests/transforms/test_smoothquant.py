@@ -27,7 +27,7 @@ def _max_rel_err(a, b):
     return float((a.double() - b.double()).abs().max() / b.double().abs().max())
 
 
-@pytest.mark.parametrize("fixture", ["esm2", "hf_esm2", "esmfold"])
+@pytest.mark.parametrize("fixture", ["esm2", "hf_esm2", "esmfold", "esmc"])
 def test_fp_outputs_unchanged_and_ratio_reduced(fixture, request, seqs):
     model = request.getfixturevalue(fixture)
     adapter = get_adapter(model)

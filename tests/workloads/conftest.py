@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from tiny_fixtures import SEQS, esm2, esmfold, hf_esm2, seqs  # noqa: F401 (fixtures)
+from tiny_fixtures import SEQS, esm2, esmc, esmfold, hf_esm2, seqs  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,54 @@
+"""ESM C checkpoints (the official ``esmc_*_2024_12_v0.pth`` layout) -> :class:`~ptq_protein.models.esmc.ESMC`.
+
+A published ESM C file is a bare state dict (EvolutionaryScale's ``esm/pretrained.py`` reads it with
+``torch.load`` and ``load_state_dict``), with no config. Width and depth are read from its shapes; the head
+count is in no shape, and both published models use 64-wide heads (960 = 15 x 64, 1152 = 18 x 64), so a
+file's heads are its width / 64. The model is built on the meta device and the file's tensors become its
+parameters (``assign=True``): the weights exist once. A file in another dtype (bfloat16) keeps it here;
+``load_model`` then casts the model to the dtype asked for.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, Tuple
+
+import torch
+
+from ptq_protein.errors import InputError
+from ptq_protein.models.esmc import ESMC
+from ptq_protein.models.esmfold_convert import load_checked
+
+__all__ = ["ESMC_HEAD_WIDTH", "PUBLISHED_ESMC", "is_esmc_state", "esmc_sizes", "load_esmc"]
+
+ESMC_HEAD_WIDTH = 64
+#: name -> (d_model, n_heads, n_layers) of the published models (esm/pretrained.py ESMC_300M_202412 / _600M_).
+PUBLISHED_ESMC = {"esmc_300m": (960, 15, 30), "esmc_600m": (1152, 18, 36)}
+_MARK = "transformer.blocks.0.attn.layernorm_qkv.1.weight"
+_BLOCK = re.compile(r"^transformer\.blocks\.(\d+)\.")
+
+
+def is_esmc_state(data: Any) -> bool:
+    """True for a state dict in ESM C's layout (its first block's fused QKV weight is there)."""
+    return isinstance(data, dict) and torch.is_tensor(data.get(_MARK)) and torch.is_tensor(data.get("embed.weight"))
+
+
+def esmc_sizes(state: Dict[str, torch.Tensor], where: str) -> Tuple[int, int, int]:
+    """(d_model, n_heads, n_layers) read from the shapes of an ESM C state dict."""
+    d_model = int(state["embed.weight"].shape[1])
+    n_layers = 1 + max(int(m.group(1)) for key in state if (m := _BLOCK.match(key)))
+    if d_model % ESMC_HEAD_WIDTH:
+        raise InputError(f"{where}: an ESM C state dict {d_model} wide, which is no multiple of the published "
+                         f"models' {ESMC_HEAD_WIDTH}-wide heads, so its head count is unknown; build "
+                         "ptq_protein.models.esmc.ESMC(d_model, n_heads, n_layers) and load it yourself")
+    return d_model, d_model // ESMC_HEAD_WIDTH, n_layers
+
+
+def load_esmc(state: Dict[str, torch.Tensor], where: str) -> ESMC:
+    """The ESM C model in eval mode holding ``state``'s tensors (no copy); one :class:`InputError` names every key
+    that does not fit."""
+    d_model, n_heads, n_layers = esmc_sizes(state, where)
+    with torch.device("meta"):
+        model = ESMC(d_model, n_heads, n_layers)
+    load_checked(model, state, where=where, assign=True)
+    return model.eval()
