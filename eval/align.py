@@ -21,7 +21,7 @@ from typing import Union
 
 import numpy as np
 
-from ptq_protein.errors import InputError
+from ptq_protein.support.errors import InputError
 
 __all__ = ["Pairing", "SequenceAlignment", "global_align", "pair_residues"]
 

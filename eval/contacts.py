@@ -25,9 +25,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ptq_protein.errors import InputError
 from ptq_protein.eval.align import global_align
 from ptq_protein.eval.structure import Structure, as_structure
+from ptq_protein.support.errors import InputError
 
 __all__ = ["virtual_cb", "contact_map", "contact_precision", "SEPARATION_RANGES"]
 

@@ -6,8 +6,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ptq_protein.errors import InputError
 from ptq_protein.eval.atoms import ATOM37_NAMES, C_INDEX, CA_INDEX, N_INDEX
+from ptq_protein.support.errors import InputError
 
 __all__ = ["atom37_from_arrays"]
 

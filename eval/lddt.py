@@ -22,10 +22,10 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from ptq_protein.errors import InputError
 from ptq_protein.eval.align import Pairing, pair_residues
 from ptq_protein.eval.atoms import AMBIGUOUS_ATOM_SWAPS, ATOM37_INDEX, CA_INDEX, THREE_TO_ONE
 from ptq_protein.eval.structure import Structure, as_structure
+from ptq_protein.support.errors import InputError
 
 __all__ = ["LDDTResult", "LDDTMode", "lddt"]
 

@@ -24,7 +24,6 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
-from ptq_protein.errors import InputError
 from ptq_protein.eval.atoms import (
     ATOM37_INDEX,
     ATOM37_NAMES,
@@ -37,7 +36,8 @@ from ptq_protein.eval.atoms import (
     UNKNOWN_RESIDUE,
 )
 from ptq_protein.eval.coords import atom37_from_arrays
-from ptq_protein.file_reads import gunzip, regular_file
+from ptq_protein.support.errors import InputError
+from ptq_protein.support.file_reads import gunzip, regular_file
 
 __all__ = ["Structure", "load_structure", "as_structure"]
 

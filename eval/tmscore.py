@@ -27,11 +27,11 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
-from ptq_protein.errors import InputError
 from ptq_protein.eval.align import Pairing, pair_residues, parse_choice
 from ptq_protein.eval.arrays import is_torch_array, pick_backend, to_numpy
 from ptq_protein.eval.structure import as_structure
 from ptq_protein.eval.tmsearch import tm_search
+from ptq_protein.support.errors import InputError
 
 __all__ = ["TMScoreResult", "TMNormalize", "tm_score", "tm_score_batch", "paired_ca"]
 

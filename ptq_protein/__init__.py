@@ -21,21 +21,21 @@ _EXPORTS = {
     "quantize": "ptq_protein.search.entry",
     "sensitivity": "ptq_protein.search.sensitivity",
     "QuantState": "ptq_protein.api",
-    "QuantConfig": "ptq_protein.config",
-    "TensorQuant": "ptq_protein.config",
-    "Scheme": "ptq_protein.config",
-    "Granularity": "ptq_protein.config",
-    "RangeMethod": "ptq_protein.config",
-    "BreakpointMethod": "ptq_protein.config",
-    "SiteKind": "ptq_protein.config",
-    "Backend": "ptq_protein.config",
-    "Engine": "ptq_protein.config",
+    "QuantConfig": "ptq_protein.recipes.config",
+    "TensorQuant": "ptq_protein.recipes.config",
+    "Scheme": "ptq_protein.recipes.config",
+    "Granularity": "ptq_protein.recipes.config",
+    "RangeMethod": "ptq_protein.recipes.config",
+    "BreakpointMethod": "ptq_protein.recipes.config",
+    "SiteKind": "ptq_protein.recipes.config",
+    "Backend": "ptq_protein.recipes.config",
+    "Engine": "ptq_protein.recipes.config",
     "set_engine": "ptq_protein.nn.int_exec",
     "engine_used": "ptq_protein.nn.int_exec",
-    "PRESETS": "ptq_protein.presets",
-    "get_preset": "ptq_protein.presets",
-    "save": "ptq_protein.artifact",
-    "load": "ptq_protein.artifact",
+    "PRESETS": "ptq_protein.recipes.presets",
+    "get_preset": "ptq_protein.recipes.presets",
+    "save": "ptq_protein.artifact.save_load",
+    "load": "ptq_protein.artifact.save_load",
     "compare_models": "ptq_protein.eval.bench.fidelity",
     "load_model": "ptq_protein.models.loading",
     "export_onnx": "ptq_protein.interop.onnx_export",
@@ -46,24 +46,24 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 
 if TYPE_CHECKING:  # what __getattr__ returns, for type checkers and the API reference (test_layout: the same names)
     from ptq_protein.api import QuantState as QuantState
-    from ptq_protein.artifact import load as load
-    from ptq_protein.artifact import save as save
-    from ptq_protein.config import Backend as Backend
-    from ptq_protein.config import BreakpointMethod as BreakpointMethod
-    from ptq_protein.config import Engine as Engine
-    from ptq_protein.config import Granularity as Granularity
-    from ptq_protein.config import QuantConfig as QuantConfig
-    from ptq_protein.config import RangeMethod as RangeMethod
-    from ptq_protein.config import Scheme as Scheme
-    from ptq_protein.config import SiteKind as SiteKind
-    from ptq_protein.config import TensorQuant as TensorQuant
+    from ptq_protein.artifact.save_load import load as load
+    from ptq_protein.artifact.save_load import save as save
     from ptq_protein.eval.bench.fidelity import compare_models as compare_models
     from ptq_protein.interop.onnx_export import export_onnx as export_onnx
     from ptq_protein.models.loading import load_model as load_model
     from ptq_protein.nn.int_exec import engine_used as engine_used
     from ptq_protein.nn.int_exec import set_engine as set_engine
-    from ptq_protein.presets import PRESETS as PRESETS
-    from ptq_protein.presets import get_preset as get_preset
+    from ptq_protein.recipes.config import Backend as Backend
+    from ptq_protein.recipes.config import BreakpointMethod as BreakpointMethod
+    from ptq_protein.recipes.config import Engine as Engine
+    from ptq_protein.recipes.config import Granularity as Granularity
+    from ptq_protein.recipes.config import QuantConfig as QuantConfig
+    from ptq_protein.recipes.config import RangeMethod as RangeMethod
+    from ptq_protein.recipes.config import Scheme as Scheme
+    from ptq_protein.recipes.config import SiteKind as SiteKind
+    from ptq_protein.recipes.config import TensorQuant as TensorQuant
+    from ptq_protein.recipes.presets import PRESETS as PRESETS
+    from ptq_protein.recipes.presets import get_preset as get_preset
     from ptq_protein.search.entry import quantize as quantize
     from ptq_protein.search.sensitivity import sensitivity as sensitivity
     from ptq_protein.workloads.embed_store import read_embeddings as read_embeddings

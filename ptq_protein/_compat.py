@@ -1,5 +1,8 @@
 """Old import paths (before the stage folders) as deprecated aliases of the new modules.
 
+``ptq_protein.artifact`` itself is now the artifact's folder; its functions are in ``ptq_protein.artifact.save_load``
+(and ``pp.save`` / ``pp.load``, unchanged).
+
 ``import ptq_protein.modules`` still works in old notebooks: it warns once with a
 ``DeprecationWarning`` naming the new path and hands back the very same module
 object, so state (and ``isinstance`` checks) are shared. To be removed in 0.3.
@@ -39,6 +42,27 @@ MOVED = {
     "ptq_protein.results_store": "ptq_protein.eval.bench.results_store",
     "ptq_protein.sets": "ptq_protein.data.sets",
     "ptq_protein.sites": "ptq_protein.calibration.sites",
+    "ptq_protein.artifact_build": "ptq_protein.artifact.build",
+    "ptq_protein.artifact_fair_hf": "ptq_protein.artifact.fair_hf",
+    "ptq_protein.artifact_hf": "ptq_protein.artifact.hf_files",
+    "ptq_protein.artifact_seal": "ptq_protein.artifact.seal",
+    "ptq_protein.artifact_tensors": "ptq_protein.artifact.tensors",
+    "ptq_protein.config": "ptq_protein.recipes.config",
+    "ptq_protein.digests": "ptq_protein.support.digests",
+    "ptq_protein.env_settings": "ptq_protein.support.env_settings",
+    "ptq_protein.errors": "ptq_protein.support.errors",
+    "ptq_protein.fasta": "ptq_protein.data.fasta",
+    "ptq_protein.file_reads": "ptq_protein.support.file_reads",
+    "ptq_protein.io_utils": "ptq_protein.support.io_utils",
+    "ptq_protein.method_config": "ptq_protein.recipes.method_config",
+    "ptq_protein.model_card": "ptq_protein.artifact.model_card",
+    "ptq_protein.plots": "ptq_protein.support.plots",
+    "ptq_protein.presets": "ptq_protein.recipes.presets",
+    "ptq_protein.process_memory": "ptq_protein.support.process_memory",
+    "ptq_protein.progress": "ptq_protein.support.progress",
+    "ptq_protein.report": "ptq_protein.passes.site_report",
+    "ptq_protein.run_manifest": "ptq_protein.workloads.run_manifest",
+    "ptq_protein.site_plan": "ptq_protein.recipes.site_plan",
 }
 
 

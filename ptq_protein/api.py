@@ -13,8 +13,6 @@ from typing import Optional, Union
 
 from torch import nn
 
-from ptq_protein.config import Backend, QuantConfig
-from ptq_protein.errors import InputError
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.mapped import mapped_file_of
 from ptq_protein.passes.fit_activations import fit_activation_quantizers  # re-exported: public since 0.1
@@ -30,8 +28,10 @@ from ptq_protein.passes.sequences import (
     resolve_calibration,
 )
 from ptq_protein.passes.state import CalibrationInfo, CalibrationPass, QuantState
-from ptq_protein.presets import resolve_config
-from ptq_protein.process_memory import loading
+from ptq_protein.recipes.config import Backend, QuantConfig
+from ptq_protein.recipes.presets import resolve_config
+from ptq_protein.support.errors import InputError
+from ptq_protein.support.process_memory import loading
 
 __all__ = ["quantize", "QuantState", "CalibrationInfo", "CalibrationPass", "resolve_calibration", "static_sites",
            "calibration_sequences", "calibration_records", "crop_sequence", "fit_activation_quantizers"]

@@ -102,7 +102,7 @@ def max_diff(a: dict, b: dict, key: str = "mean_representations") -> float:
 
 def read_ok(got, want: dict, name: str) -> Tuple[str, bool]:
     """A read that returns ``want`` exactly, or refuses naming ``name`` (one clear error, not a raw one)."""
-    from ptq_protein.errors import InputError
+    from ptq_protein.support.errors import InputError
 
     if isinstance(got, Exception):
         clear = isinstance(got, (InputError, ValueError)) and name in str(got)
@@ -255,7 +255,7 @@ def resume_path(work: Path):
 
 @case("two-ids-one-file", "ids 'a/b' and the stem written for it: both read back, or refused naming both")
 def two_ids_one_file(work: Path):
-    from ptq_protein.io_utils import safe_stem
+    from ptq_protein.support.io_utils import safe_stem
 
     stem = safe_stem("a/b")
     seqs = fasta(work, {"a/b": SEQS["a"], stem: SEQS["b"]})
@@ -394,7 +394,7 @@ def dms_without_score(work: Path):
 
 @case("artifact-dtype-F4", "an artifact whose header says dtype F4: one line naming the dtype (not 'sub-byte')")
 def artifact_f4(work: Path):
-    from ptq_protein.digests import file_sha256
+    from ptq_protein.support.digests import file_sha256
 
     art = work / "art"
     cli(work, "quantize", "tiny-esm2", "--preset", "w8a8-uniform", "--out", art, "--quiet")

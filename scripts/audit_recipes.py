@@ -83,11 +83,11 @@ def run_compare(python: Sequence[str], model: Path, presets: Sequence[str], cali
 
 def applicable(presets: Sequence[str], model: Path) -> Dict[str, Optional[str]]:
     """preset -> None where it selects sites of ``model`` and can be compared, else why not."""
-    from ptq_protein.errors import InputError
     from ptq_protein.models.adapters import get_adapter
     from ptq_protein.models.loading import load_model
     from ptq_protein.passes.recipe import resolve_recipe
-    from ptq_protein.presets import get_preset
+    from ptq_protein.recipes.presets import get_preset
+    from ptq_protein.support.errors import InputError
 
     loaded = load_model(model)
     adapter = get_adapter(loaded.model)
@@ -113,7 +113,7 @@ def table(results: Dict[str, dict], presets: Sequence[str], sources: Sequence[st
 
 def _verdict(preset: str, case: dict) -> Optional[dict]:
     """The verdict the quantize of today gives these metrics (for results recorded by code without one)."""
-    from ptq_protein.presets import get_preset
+    from ptq_protein.recipes.presets import get_preset
     from ptq_protein.workflows.fidelity_bound import recipe_bound, verdict
 
     return verdict(recipe_bound(get_preset(preset)), {k: v for k, v in case.items() if isinstance(v, float)})
@@ -133,7 +133,7 @@ def _cell(preset: str, case: Optional[dict]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from ptq_protein.presets import PRESETS
+    from ptq_protein.recipes.presets import PRESETS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="esm2_35M", choices=list(SIZES))

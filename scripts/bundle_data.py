@@ -30,9 +30,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from ptq_protein.data import MANIFEST_NAME, MANIFEST_VERSION, sha256_bytes  # noqa: E402
+from ptq_protein.data.fasta import read_fasta_records  # noqa: E402
 from ptq_protein.data.sets import BUNDLED_SETS, match_natives  # noqa: E402
-from ptq_protein.fasta import read_fasta_records  # noqa: E402
-from ptq_protein.io_utils import atomic_dir, atomic_write_text  # noqa: E402
+from ptq_protein.support.io_utils import atomic_dir, atomic_write_text  # noqa: E402
 
 _GZIP_LEVEL = 9
 _FILE_MODE, _DIR_MODE = 0o644, 0o755

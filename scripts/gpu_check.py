@@ -145,7 +145,7 @@ def _run(cmd: List[str]) -> str:
 def check_kernels(record, device, deadline: float) -> None:
     """Step 2: every shape (3B first: the goal's shapes), until the kernels' share of the budget is spent."""
     import torch
-    from bench_kernels import Case, cases
+    from bench.kernels import Case, cases
     from gpu_check_kernels import check_case
 
     smoke = device.type == "cpu"

@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench.common import ModelShape, build_esm2, random_sequences  # noqa: E402  (sibling scripts: shapes, models)
-from bench_kernels import bench_ms  # noqa: E402
+from bench.kernels import bench_ms  # noqa: E402
 
 RECIPES = ("w8a8-uniform", "w8a8-pwlq", "w4a8-pwlq")
 _GIB = 2**30

@@ -27,7 +27,7 @@ from typing import Callable, Dict
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_kernels import Case, gemm_row  # noqa: E402  (sibling script: the shapes and the timed implementations)
+from bench.kernels import Case, gemm_row  # noqa: E402  (sibling script: the shapes and the timed implementations)
 
 # Integer probe: |acc| <= 128 * W_MAX * K must stay below 2^24 (float32's exact integers) for K <= 10240.
 _INT4_W = (-8, 7)  # 128 * 8 * 10240 = 10.5M

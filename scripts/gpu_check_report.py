@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench.common import markdown_table  # noqa: E402  (sibling script: the table helper)
-from bench_kernels import GOAL_E2E_MEMORY, GOAL_E2E_TIME, GOAL_VS_BF16, LARGE_M  # noqa: E402  (the goals)
+from bench.kernels import GOAL_E2E_MEMORY, GOAL_E2E_TIME, GOAL_VS_BF16, LARGE_M  # noqa: E402  (the goals)
 
 SCHEMA = 1
 JSON_NAME = "gpu_check.json"

@@ -101,7 +101,7 @@ def _run(make: Callable[[], torch.nn.Module]) -> str:
 def cases() -> Iterator[Tuple[str, Callable[[], str]]]:
     """(case name, thunk returning its digest), in a fixed order."""
     import ptq_protein as pp
-    from ptq_protein.presets import PRESETS
+    from ptq_protein.recipes.presets import PRESETS
 
     kw = dict(calibration=CALIBRATION, calib_max_length=CROP)
     for label, build in _models().items():

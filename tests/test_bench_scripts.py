@@ -1,4 +1,4 @@
-"""The benchmarks (scripts/bench_*.py and the bench package scripts/bench/): the --quick runs print their tables.
+"""The benchmarks (the bench package scripts/bench/): the --quick runs print their tables.
 
 No timing is asserted; the checks are that each table is complete, every measured cell is a number, the
 artifact round trip is bit-identical, and the whole-process rows agree with their reference programs
@@ -20,6 +20,13 @@ def _load(name: str):
     return _load_path(name, SCRIPTS / f"{name}.py")
 
 
+def _bench(name: str):
+    """A module of the bench package (``scripts/bench/NAME.py``), imported as ``bench.NAME``."""
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
+    return importlib.import_module(f"bench.{name}")
+
+
 def _load_path(name: str, path: Path):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -34,10 +41,10 @@ def _table_rows(out: str, first_cell: str) -> list:
 
 
 def test_bench_quantize_quick_prints_every_table(capsys):
-    bench = _load("bench_quantize")
+    bench = _bench("quantize")
     assert bench.main(["--quick", "--reps", "1", "--calib-seqs", "4"]) == 0
     out = capsys.readouterr().out
-    assert "`python scripts/bench_quantize.py --quick --reps 1 --calib-seqs 4`" in out
+    assert "`python scripts/bench/quantize.py --quick --reps 1 --calib-seqs 4`" in out
     assert "torch.set_num_threads(1)" in out
     for preset in bench.PRESETS:
         (calib,) = [r for r in _table_rows(out, preset) if len(r) == 6]
@@ -51,11 +58,11 @@ def test_bench_quantize_quick_prints_every_table(capsys):
 
 def test_bench_quantize_rejects_bad_threads():
     with pytest.raises(SystemExit):
-        _load("bench_quantize").parse_args(["--threads", "0"])
+        _bench("quantize").parse_args(["--threads", "0"])
 
 
 def test_bench_artifact_size_quick_round_trips_bit_identically(capsys):
-    bench = _load("bench_artifact_size")
+    bench = _bench("artifact_size")
     assert bench.main(["--quick"]) == 0
     out = capsys.readouterr().out
     rows = _table_rows(out, "ESM-2 2 layers x 64")
@@ -68,15 +75,15 @@ def test_bench_artifact_size_quick_round_trips_bit_identically(capsys):
 
 
 def test_bench_gptq_quick_prints_both_tables(capsys):
-    assert _load("bench_gptq").main(["--quick", "--reps", "1", "--calib-seqs", "2"]) == 0
+    assert _bench("gptq").main(["--quick", "--reps", "1", "--calib-seqs", "2"]) == 0
     out = capsys.readouterr().out
-    assert "`python scripts/bench_gptq.py --quick --reps 1 --calib-seqs 2`" in out
+    assert "`python scripts/bench/gptq.py --quick --reps 1 --calib-seqs 2`" in out
     time_row, memory_row = _table_rows(out, "gptq pass |")  # the time table, then the memory table
     assert float(time_row[1]) > 0 and re.fullmatch(r"\d+\.\dx", time_row[2])
     assert float(memory_row[2]) >= 0
 
 def test_bench_special_tokens_prints_every_mode(capsys):
-    bench = _load("bench_special_tokens")
+    bench = _bench("special_tokens")
     assert bench.main(["--models", "tiny-esm2", "--presets", "w8a8-uniform", "--calib", "casp14:3",
                        "--crop", "32", "--threads", "1"]) == 0
     out = capsys.readouterr().out
@@ -89,7 +96,7 @@ def test_bench_special_tokens_prints_every_mode(capsys):
 
 def test_bench_cpu_int8_quick_prints_the_issue_table(capsys):
     """One row per model with a time ratio and a logits error, skipped anchors with their note, the goals."""
-    bench = _load("bench_cpu_int8")
+    bench = _bench("cpu_int8")
     assert bench.main(["--quick", "--reps", "1", "--no-memory", "--no-anchors", "--calib-seqs", "4"]) == 0
     out = capsys.readouterr().out
     assert "oneDNN int8 exactness probe: mode " in out and "get_cpu_capability()" in out
@@ -104,14 +111,14 @@ def test_ort_anchor_rows_say_whether_they_saturate():
     """ONNX Runtime's dynamic int8 MatMul is probed on the extreme code pair: reduce_range (7-bit weights) and
     U8U8 are exact on every x86 CPU, and each anchor row's name carries its probe's verdict."""
     pytest.importorskip("onnxruntime")
-    anchors = _load("bench_cpu_anchors")
+    anchors = _bench("cpu_anchors")
     assert anchors.ort_exact("s8", per_channel=False, reduce_range=True)
     assert anchors.ort_exact("u8", per_channel=True, reduce_range=False)
     from ptq_protein.nn import cpu_int8
 
     if cpu_int8.mode() == "split":  # no VNNI: ORT's u8 x s8 pairs saturate like oneDNN's, and the probe says so
         assert not anchors.ort_exact("s8", per_channel=False, reduce_range=False)
-    bench = _load("bench_cpu_int8")
+    bench = _bench("cpu_int8")
     names = [name for name, _ in bench.ort_builders(None, None, 1)]
     assert len(names) == len(bench.ORT_ROWS)
     assert all(re.search(r"\[(exact|SATURATES \(int16 pairs\))\]$", n) for n in names), names
@@ -121,7 +128,7 @@ def test_ort_anchor_rows_say_whether_they_saturate():
 def test_bench_long_fold_longest_brackets_each_modes_measured_longest_length(monkeypatch):
     # A fake fold whose peak is runtime + c L^2 (the fold's own memory grows as L^2), with the model's prediction
     # 10% short for FP32 (so its first fold is over the budget) and exact for int8: closed-form lengths to check.
-    bench = _load("bench_long_fold")
+    bench = _bench("long_fold")
     budget, runtime = 2 ** 30, 2 ** 28
     per_l2 = {"fp32-c32": 3000.0, "pair8-c16": 600.0}
     truth = {mode: int(((budget - runtime) / c) ** 0.5) for mode, c in per_l2.items()}  # longest that fits
@@ -393,7 +400,7 @@ def test_the_exported_onnx_row_runs_on_what_the_graph_takes():
     import ptq_protein as pp
     from ptq_protein.models.tiny import tiny_esm2
 
-    bench = _load("bench_cpu_int8")
+    bench = _bench("cpu_int8")
     model = tiny_esm2(seed=0)[0]
     seqs = ["MKTAYIAKQRQISFVKSHFSRQ", "GSHMLEDPVAGK", "MQIFVKTLTGKTITLEVEPSDTIENVKA"]
     tokens = esm.data.Alphabet.from_architecture("ESM-1b").get_batch_converter()(
@@ -408,7 +415,7 @@ def test_the_exported_onnx_row_runs_on_what_the_graph_takes():
 
 
 def test_bench_esmc_study_quick_prints_both_tables(capsys):
-    bench = _load("bench_esmc_study")
+    bench = _bench("esmc_study")
     assert bench.main(["--quick", "--outliers", "planted", "--recipes", "w8a8-dynamic"]) == 0
     out = capsys.readouterr().out
     roles = _table_rows(out, "attention LayerNorm input") + _table_rows(out, "SwiGLU out Linear input")

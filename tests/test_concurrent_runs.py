@@ -20,9 +20,9 @@ import time
 
 import pytest
 
-from ptq_protein.errors import BusyError
 from ptq_protein.eval.bench.results_store import ResultsStore, check_run_info
-from ptq_protein.io_utils import LOCK_NAME, folder_lock
+from ptq_protein.support.errors import BusyError
+from ptq_protein.support.io_utils import LOCK_NAME, folder_lock
 
 COLUMNS = ("target", "recipe", "status", "tm_score", "pdb")
 
@@ -76,7 +76,7 @@ def test_several_writers_to_one_table_lose_no_row(tmp_path):
 
 
 def test_a_held_folder_is_refused_and_a_dead_holders_lock_is_taken(tmp_path):
-    code = (f"import time\nfrom ptq_protein.io_utils import folder_lock\nwith folder_lock({str(tmp_path)!r}):\n"
+    code = (f"import time\nfrom ptq_protein.support.io_utils import folder_lock\nwith folder_lock({str(tmp_path)!r}):\n"
             "    print('held', flush=True)\n    time.sleep(600)\n")
     holder = _python(code)
     try:

@@ -87,7 +87,7 @@ def test_pp_quantize_parameters_are_a_table_of_names_and_descriptions(api_html):
 
 def test_every_preset_is_in_the_methods_page():
     """docs/methods.md's table names every preset (the study's own rows as `study-*`)."""
-    from ptq_protein.presets import PRESETS
+    from ptq_protein.recipes.presets import PRESETS
 
     text = (ROOT / "docs" / "methods.md").read_text(encoding="utf-8")
     assert [name for name in PRESETS if f"`{name}`" not in text and not name.startswith("study-")] == []

@@ -280,7 +280,7 @@ def test_tm_normalize_sequence_counts_unobserved_native_residues(tmp_path, tiny_
 
 
 def test_run_options_reject_an_unknown_tm_normalize():
-    from ptq_protein.errors import InputError
+    from ptq_protein.support.errors import InputError
 
     with pytest.raises(InputError, match="tm_normalize='model' is not one of"):
         RunOptions(tm_normalize="model")

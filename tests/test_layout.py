@@ -92,18 +92,27 @@ def test_no_import_circle():
 
 
 # layer -> prefixes it must never import
+_STAGES = ("ptq_protein.models", "ptq_protein.calibration", "ptq_protein.quant", "ptq_protein.nn",
+           "ptq_protein.transforms", "ptq_protein.passes", "ptq_protein.recipes", "ptq_protein.search",
+           "ptq_protein.workflows", "ptq_protein.workloads", "ptq_protein.interop", "ptq_protein.kernels",
+           "ptq_protein.artifact", "ptq_protein.data", "ptq_protein.api", "ptq_protein.cli", "ptq_protein.eval")
+_FAMILIES = ("ptq_protein.recipes.presets", "ptq_protein.recipes.study", "ptq_protein.recipes.ours",
+             "ptq_protein.recipes.baselines")
 FORBIDDEN = {
+    "ptq_protein.support": _STAGES,  # plumbing: imports no stage
+    "ptq_protein.recipes.config": tuple(s for s in _STAGES if s != "ptq_protein.recipes") + _FAMILIES,
+    "ptq_protein.recipes.method_config": tuple(s for s in _STAGES if s != "ptq_protein.recipes") + _FAMILIES,
+    "ptq_protein.recipes.site_plan": tuple(s for s in _STAGES if s != "ptq_protein.recipes") + _FAMILIES,
     "ptq_protein.quant": ("ptq_protein.calibration", "ptq_protein.nn", "ptq_protein.models", "ptq_protein.api",
                           "ptq_protein.artifact", "ptq_protein.cli", "ptq_protein.eval", "ptq_protein.data"),
     "ptq_protein.models": ("ptq_protein.calibration", "ptq_protein.nn", "ptq_protein.api", "ptq_protein.artifact",
                            "ptq_protein.cli", "ptq_protein.eval.bench"),
     "ptq_protein.calibration": ("ptq_protein.nn", "ptq_protein.transforms", "ptq_protein.api", "ptq_protein.artifact",
-                                "ptq_protein.cli",
-                                "ptq_protein.eval"),
+                                "ptq_protein.cli", "ptq_protein.eval"),
     "ptq_protein.nn": ("ptq_protein.api", "ptq_protein.artifact", "ptq_protein.cli", "ptq_protein.eval",
                        "ptq_protein.transforms"),
     "ptq_protein.transforms": ("ptq_protein.nn", "ptq_protein.api", "ptq_protein.artifact", "ptq_protein.cli",
-                               "ptq_protein.eval", "ptq_protein.recipes"),
+                               "ptq_protein.eval") + _FAMILIES,
     "ptq_protein.kernels": ("ptq_protein.calibration", "ptq_protein.nn", "ptq_protein.models", "ptq_protein.api",
                             "ptq_protein.cli", "ptq_protein.eval", "ptq_protein.quant"),
     "ptq_protein.passes": ("ptq_protein.api", "ptq_protein.artifact", "ptq_protein.cli", "ptq_protein.eval",
@@ -112,11 +121,16 @@ FORBIDDEN = {
     "ptq_protein.workflows": ("ptq_protein.cli", "ptq_protein.workloads"),
     "ptq_protein.workloads": ("ptq_protein.cli",),
     "ptq_protein.interop": ("ptq_protein.cli",),
-    "ptq_protein.site_plan": ("ptq_protein.calibration", "ptq_protein.nn", "ptq_protein.models", "ptq_protein.api",
-                              "ptq_protein.artifact", "ptq_protein.cli", "ptq_protein.eval", "ptq_protein.search"),
+    "ptq_protein.artifact": ("ptq_protein.cli", "ptq_protein.eval"),
     "ptq_protein.eval": ("ptq_protein.calibration", "ptq_protein.nn", "ptq_protein.models", "ptq_protein.quant",
                          "ptq_protein.api", "ptq_protein.artifact", "ptq_protein.cli", "ptq_protein.kernels"),
 }
+
+
+def test_the_package_root_holds_only_its_face():
+    """Every root module is the package face or one stage of its own; the rest lives in a stage's folder."""
+    root = Path(ptq_protein.__file__).parent
+    assert sorted(p.name for p in root.glob("*.py")) == ["__init__.py", "_compat.py", "api.py"]
 
 
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))

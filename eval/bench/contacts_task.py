@@ -36,8 +36,8 @@ from ptq_protein.eval.bench.runner import (
     run_recipes,
 )
 from ptq_protein.eval.bench.summary import MetricSpec, write_outputs
-from ptq_protein.io_utils import atomic_write_bytes
 from ptq_protein.models.lm_outputs import eager_attention
+from ptq_protein.support.io_utils import atomic_write_bytes
 
 __all__ = ["CONTACT_COLUMNS", "CONTACT_METRICS", "evaluate_contacts", "predict_contacts"]
 

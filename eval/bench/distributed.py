@@ -28,7 +28,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterator, List, Optional, Sequence, TypeVar
 
-from ptq_protein.errors import InputError
+from ptq_protein.support.errors import InputError
 
 __all__ = ["Ranks", "SINGLE", "launched_with_ranks", "process_group"]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Dict, Tuple, Union
 
 from ptq_protein.data.sets import BenchmarkSet
-from ptq_protein.errors import InputError
+from ptq_protein.support.errors import InputError
 from ptq_protein.workloads.dms_csv import DMS_SCORE_COLUMN, read_dms
 from ptq_protein.workloads.mutants import DEFAULT_OFFSET, Mutant, parse_mutants
 

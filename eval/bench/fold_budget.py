@@ -24,9 +24,9 @@ from typing import Iterator, Optional
 
 from torch import nn
 
-from ptq_protein.errors import InputError
 from ptq_protein.models.fold_memory import CHUNK_CHOICES, FoldPlan, choose_plan, dims_of, predict_peak
-from ptq_protein.process_memory import release_freed_memory
+from ptq_protein.support.errors import InputError
+from ptq_protein.support.process_memory import release_freed_memory
 from ptq_protein.workflows.memory_budget import (  # noqa: F401 (DEFAULT_SHARE re-exported)
     DEFAULT_SHARE,
     peak_resident_bytes,

@@ -10,12 +10,12 @@ from typing import Any, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ptq_protein.errors import InputError
 from ptq_protein.eval.bench.fold_budget import FoldRefused, planned_fold
-from ptq_protein.file_reads import read_json
-from ptq_protein.io_utils import atomic_write_text, check_out_path, file_lock, folder_lock, safe_stem
-from ptq_protein.progress import progress as progress_of
-from ptq_protein.run_manifest import RunManifest
+from ptq_protein.support.errors import InputError
+from ptq_protein.support.file_reads import read_json
+from ptq_protein.support.io_utils import atomic_write_text, check_out_path, file_lock, folder_lock, safe_stem
+from ptq_protein.support.progress import progress as progress_of
+from ptq_protein.workloads.run_manifest import RunManifest
 
 __all__ = ["fold_one", "fold_output", "fold_to_pdbs", "check_fold_folder", "MANIFEST", "require_esmfold",
            "esmfold_input_notes", "pae_json", "pae_path", "Folded", "FoldRefused"]
@@ -93,7 +93,7 @@ def fold_to_pdbs(model: nn.Module, records: Sequence[Tuple[str, str]], out_dir: 
     the others go on; its one-line reason goes into ``refused`` (id -> reason) when given,
     else :class:`FoldRefused` is raised after the others are written.
 
-    File names come from :func:`~ptq_protein.io_utils.safe_stem` (``a/b`` and ``a_b``
+    File names come from :func:`~ptq_protein.support.io_utils.safe_stem` (``a/b`` and ``a_b``
     get different files); ``out_dir/fold_index.json`` records id -> file. Existing PDBs
     are refused before anything is folded, unless ``force`` and the index of an earlier
     fold in this folder lists them (``force`` never replaces a file this tool did not write).

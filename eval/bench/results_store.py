@@ -1,7 +1,7 @@
 """A resumable results table: one CSV row per (recipe, target), rewritten atomically.
 
 Why rewrite instead of append: every finished row rewrites the whole file
-through :func:`~ptq_protein.io_utils.atomic_write_text` (temp file + fsync +
+through :func:`~ptq_protein.support.io_utils.atomic_write_text` (temp file + fsync +
 rename), so an interrupted run (Ctrl-C, a killed job, a full disk) leaves either
 the old table or the new one, never a half-written line, and a resumed run can
 trust every row it reads. Tables hold at most a few thousand rows (139 targets
@@ -35,10 +35,10 @@ Several processes, one table (API for multi-process runs)::
     store.put(row)       # lock results.csv.lock, re-read the file, merge the row by key, rewrite atomically
     store.refresh()      # re-read rows other processes added
 
-``put`` holds ``results.csv.lock`` (:func:`ptq_protein.io_utils.file_lock`,
+``put`` holds ``results.csv.lock`` (:func:`ptq_protein.support.io_utils.file_lock`,
 blocking, released by the kernel if the process dies) only for the
 read-merge-write, so every row of every writer survives. One *run* per folder
-is enforced separately by :func:`ptq_protein.io_utils.folder_lock`, which the
+is enforced separately by :func:`ptq_protein.support.io_utils.folder_lock`, which the
 eval tasks hold for their whole run (a coordinator of several ranks takes it
 once and lets its ranks ``put`` rows).
 """
@@ -53,8 +53,8 @@ import math
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
-from ptq_protein.file_reads import read_csv, read_json
-from ptq_protein.io_utils import atomic_write_text, file_lock
+from ptq_protein.support.file_reads import read_csv, read_json
+from ptq_protein.support.io_utils import atomic_write_text, file_lock
 
 __all__ = ["KEY_COLUMNS", "STATUS_OK", "OUTPUT_COLUMNS", "OUTPUT_DIGEST", "ResultsStore", "check_run_info", "is_done"]
 

@@ -22,7 +22,6 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 from torch import nn
 
 from ptq_protein.data.sets import BenchmarkSet, Target
-from ptq_protein.digests import file_sha256
 from ptq_protein.eval.bench.distributed import SINGLE, Ranks
 from ptq_protein.eval.bench.results_store import (
     OUTPUT_COLUMNS,
@@ -33,9 +32,10 @@ from ptq_protein.eval.bench.results_store import (
     is_done,
 )
 from ptq_protein.eval.tmscore import TMNormalize
-from ptq_protein.io_utils import check_out_path, folder_lock, safe_stem
 from ptq_protein.models.adapters import ESM2_MAX_RESIDUES, get_adapter
-from ptq_protein.progress import progress as progress_of
+from ptq_protein.support.digests import file_sha256
+from ptq_protein.support.io_utils import check_out_path, folder_lock, safe_stem
+from ptq_protein.support.progress import progress as progress_of
 
 __all__ = ["FP_RECIPE", "RunOptions", "normalize_recipes", "run_recipes", "length_status", "prediction_path",
            "open_run"]
@@ -97,7 +97,7 @@ def normalize_recipes(recipes: Iterable[str]) -> Tuple[str, ...]:
 
     Example: ``"w8a8-pwlq,fp,w8a8-pwlq"`` -> ``("fp", "w8a8-pwlq")``.
     """
-    from ptq_protein.presets import PRESETS
+    from ptq_protein.recipes.presets import PRESETS
 
     names = [r.strip() for r in (recipes.split(",") if isinstance(recipes, str) else recipes) if r.strip()]
     unknown = [r for r in names if r not in PRESETS]
@@ -249,7 +249,7 @@ def _held_run(out_dir: Path, run_info: Mapping[str, Any], columns: Sequence[str]
 def prediction_path(out_dir: Path, kind: str, recipe: str, target_id: str, suffix: str) -> Path:
     """``OUT/<kind>/<recipe>/<stem><suffix>``; distinct ids get distinct stems.
 
-    See :func:`~ptq_protein.io_utils.safe_stem`.
+    See :func:`~ptq_protein.support.io_utils.safe_stem`.
     """
     return Path(out_dir) / kind / recipe / f"{safe_stem(target_id)}{suffix}"
 
@@ -289,7 +289,7 @@ def _quantized(model: nn.Module, recipe: str, options: RunOptions, statistics: A
         return model
     import ptq_protein as pp
     from ptq_protein.nn.qparams import needs_calibration
-    from ptq_protein.presets import resolve_config
+    from ptq_protein.recipes.presets import resolve_config
 
     calibrated = needs_calibration(resolve_config(recipe).activations)
     start = time.perf_counter()

@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Union
 
 import numpy as np
 
-from ptq_protein.errors import InputError
+from ptq_protein.support.errors import InputError
 
 __all__ = ["Domain", "read_structural_split", "study_contact_precisions", "STUDY_RANGES", "STUDY_SPLIT"]
 

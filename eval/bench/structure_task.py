@@ -38,7 +38,7 @@ from ptq_protein.eval.bench.runner import (
 )
 from ptq_protein.eval.bench.summary import MetricSpec, write_outputs
 from ptq_protein.eval.tmscore import TMNormalize
-from ptq_protein.io_utils import atomic_write_text
+from ptq_protein.support.io_utils import atomic_write_text
 
 __all__ = ["STRUCTURE_COLUMNS", "STRUCTURE_METRICS", "evaluate_structure", "score_prediction"]
 

@@ -33,7 +33,7 @@ def study_contact_configs() -> Dict[str, object]:
     LM head and contact regression included.
     """
     import ptq_protein as pp
-    from ptq_protein.config import StudyOptions
+    from ptq_protein.recipes.config import StudyOptions
 
     uniform = pp.get_preset("study-a8-uniform")
     return {

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ptq_protein.eval.bench.plots import plot_scatter, values_of
-from ptq_protein.io_utils import atomic_write_text
+from ptq_protein.support.io_utils import atomic_write_text
 
 __all__ = ["MetricSpec", "RecipeSummary", "bootstrap_mean_ci", "summarize", "render_summary", "plot_scatter",
            "write_outputs", "TIE_TOLERANCE", "BOOTSTRAP_RESAMPLES"]

@@ -41,7 +41,7 @@ from ptq_protein.eval.bench.runner import (
 )
 from ptq_protein.eval.bench.summary import MetricSpec, write_outputs
 from ptq_protein.eval.rank_correlation import spearman
-from ptq_protein.io_utils import atomic_write_bytes
+from ptq_protein.support.io_utils import atomic_write_bytes
 from ptq_protein.workloads.mutants import AMINO_ACIDS
 from ptq_protein.workloads.variant_scores import (
     DEFAULT_TOKS_PER_BATCH,

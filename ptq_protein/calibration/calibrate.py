@@ -23,13 +23,13 @@ from torch import nn
 from ptq_protein.calibration.masks import align_mask, special_positions, valid_boxes
 from ptq_protein.calibration.matmul_sites import MatmulInterceptor, subsite_name
 from ptq_protein.calibration.sites import Site, set_module
-from ptq_protein.config import Granularity, RangeMethod, SiteKind, TensorQuant
-from ptq_protein.errors import InputError
 from ptq_protein.models.adapters import Batch, ModelAdapter
-from ptq_protein.progress import progress as progress_of
 from ptq_protein.quant.histogram import HistogramObserver
 from ptq_protein.quant.observers import MinMaxObserver, TopKObserver
 from ptq_protein.quant.stats import Moments, MomentsObserver
+from ptq_protein.recipes.config import Granularity, RangeMethod, SiteKind, TensorQuant
+from ptq_protein.support.errors import InputError
+from ptq_protein.support.progress import progress as progress_of
 
 __all__ = ["SiteStats", "calibrate", "collect_stats"]
 

@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-from ptq_protein.config import Granularity, RangeMethod, TensorQuant
+from ptq_protein.recipes.config import Granularity, RangeMethod, TensorQuant
 
 __all__ = ["StatsNeeds", "merge_collection_specs"]
 

@@ -16,8 +16,8 @@ from typing import Dict, List
 
 from torch import nn
 
-from ptq_protein.config import QuantConfig, SiteKind
 from ptq_protein.models.adapters import ModelAdapter
+from ptq_protein.recipes.config import QuantConfig, SiteKind
 
 __all__ = ["Site", "discover_sites", "select_sites", "is_layernorm", "set_module", "MATMUL_HOSTS"]
 

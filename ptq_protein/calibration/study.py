@@ -18,10 +18,10 @@ from torch import nn
 
 from ptq_protein.calibration.calibrate import _first_tensor
 from ptq_protein.calibration.sites import Site
-from ptq_protein.errors import InputError
 from ptq_protein.models.adapters import ModelAdapter
-from ptq_protein.progress import progress as progress_of
 from ptq_protein.quant.study_observer import StudyTopKObserver
+from ptq_protein.support.errors import InputError
+from ptq_protein.support.progress import progress as progress_of
 
 __all__ = ["study_calibrate", "study_observers"]
 

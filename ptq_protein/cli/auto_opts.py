@@ -26,8 +26,8 @@ def add_auto_options(p: argparse.ArgumentParser) -> None:
 
 def auto_budget(args: argparse.Namespace):
     """The parsed Budget for --auto (None without it); budget options without --auto are an error."""
+    from ptq_protein.recipes.site_plan import parse_choices
     from ptq_protein.search.budget import Budget
-    from ptq_protein.site_plan import parse_choices
 
     if not args.auto:
         if args.budget is not None or args.max_bits_avg is not None:
@@ -38,8 +38,8 @@ def auto_budget(args: argparse.Namespace):
 
 
 def run_auto(args: argparse.Namespace, loaded, budget):
+    from ptq_protein.recipes.site_plan import parse_choices
     from ptq_protein.search.auto import auto_quantize
-    from ptq_protein.site_plan import parse_choices
 
     return auto_quantize(loaded.model, budget, calibration=args.calib, search_set=args.search_set,
                          holdout=args.holdout, unit=args.unit, choices=parse_choices(args.choices),

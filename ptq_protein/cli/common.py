@@ -44,7 +44,8 @@ def print_json(obj: Any) -> None:
 
 
 def show_progress(args: argparse.Namespace) -> bool:
-    """Progress unless ``--quiet``: a bar at a terminal, log lines with an ETA otherwise (``ptq_protein.progress``)."""
+    """Progress unless ``--quiet``: a bar at a terminal, log lines with an ETA otherwise
+    (``ptq_protein.support.progress``)."""
     return not getattr(args, "quiet", False)
 
 

@@ -68,11 +68,11 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ptq_protein import __version__
-    from ptq_protein.digests import records_digest
+    from ptq_protein.data.fasta import read_fasta
     from ptq_protein.eval.bench.folding import check_fold_folder, fold_to_pdbs, require_esmfold
-    from ptq_protein.fasta import read_fasta
-    from ptq_protein.io_utils import check_out_path
     from ptq_protein.models.adapters import ESM2_MAX_RESIDUES, ESM_ALPHABET_LETTERS
+    from ptq_protein.support.digests import records_digest
+    from ptq_protein.support.io_utils import check_out_path
     from ptq_protein.workloads.shards import choose_shard, rank_device
 
     max_memory = args.max_memory  # bytes (parsed by memory_size)

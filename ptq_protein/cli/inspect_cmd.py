@@ -43,8 +43,8 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import ptq_protein as pp
-    from ptq_protein.io_utils import atomic_write_text
-    from ptq_protein.report import report_markdown
+    from ptq_protein.passes.site_report import report_markdown
+    from ptq_protein.support.io_utils import atomic_write_text
 
     _check_args(args)
     loaded = load_float_model(args, args.model)
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         atomic_write_text(out / "report.md", report_markdown(state.report, title=title))
         worst = sorted(rows, key=lambda r: -abs(r.get("asymmetry", 0.0)))[: args.top]
         if worst:
-            from ptq_protein.plots import plot_site_histograms
+            from ptq_protein.support.plots import plot_site_histograms
 
             plot_site_histograms(state.histograms, [r["site"] for r in worst], out / "histograms.png",
                                  title=f"{loaded.name}: most asymmetric sites")
@@ -75,8 +75,8 @@ _OUTPUTS = ("report.json", "report.md", "histograms.png")
 
 def _check_args(args: argparse.Namespace) -> None:
     """Refuse bad options before calibrating: an empty preset, a negative --top, an --out that must not be written."""
-    from ptq_protein.artifact import is_artifact_dir
-    from ptq_protein.io_utils import check_out_path
+    from ptq_protein.artifact.save_load import is_artifact_dir
+    from ptq_protein.support.io_utils import check_out_path
 
     if not args.preset.strip():
         raise ValueError("--preset '' names no recipe; give a preset name (see README) or omit it")

@@ -14,7 +14,7 @@ import sys
 from typing import Callable, Optional, Sequence
 
 from ptq_protein import __version__
-from ptq_protein.process_memory import managed_heap
+from ptq_protein.support.process_memory import managed_heap
 
 # module name -> sub-commands it registers; order is the order shown in --help.
 _COMMAND_MODULES = (
@@ -81,7 +81,7 @@ def _route_library_noise() -> None:
 def _check_environment() -> None:
     """The environment variables the library reads, checked before any work: a bad value read later would
     fail every row of a run (each recorded as an error) instead of the command."""
-    from ptq_protein.env_settings import check_environment
+    from ptq_protein.support.env_settings import check_environment
 
     check_environment()
 

@@ -115,8 +115,8 @@ def run_backend(args: argparse.Namespace, artifact: bool, device: str) -> Option
         return args.backend
     import torch
 
-    from ptq_protein.config import Backend
     from ptq_protein.nn.backend_choice import choose_backend
+    from ptq_protein.recipes.config import Backend
 
     recorded = _recipe(args.model).get("config", {}).get("backend", "fake")
     try:

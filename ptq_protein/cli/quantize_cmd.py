@@ -71,12 +71,12 @@ def register(subparsers) -> None:
 
 
 def _recipe_name(args: argparse.Namespace) -> str:
-    from ptq_protein.presets import get_preset, preset_for_bits
+    from ptq_protein.recipes.presets import get_preset, preset_for_bits
 
     if args.preset is not None and not args.preset.strip():
         raise ValueError("--preset '' names no recipe; give a preset name (see README: w8a8-pwlq, ...) or omit it")
     name = args.preset if args.preset is not None else preset_for_bits(args.bits if args.bits is not None else 8)
-    from ptq_protein.artifact import check_saveable
+    from ptq_protein.artifact.save_load import check_saveable
 
     check_saveable(get_preset(name))  # validate early, before any model is loaded or calibrated
     return name
@@ -84,7 +84,7 @@ def _recipe_name(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     import ptq_protein as pp
-    from ptq_protein.artifact import check_artifact_out
+    from ptq_protein.artifact.save_load import check_artifact_out
     from ptq_protein.workflows.recipe_compare import known_recipes
     from ptq_protein.workflows.shared_calibration import calibrate_recipes
 
@@ -142,15 +142,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _card_fidelity(out: Path, comparison: dict, demo: bool) -> None:
     """Put the fidelity table, as printed, into the artifact's model card (the card is outside the seal)."""
-    from ptq_protein.model_card import write_model_card
+    from ptq_protein.artifact.model_card import write_model_card
 
     write_model_card(out, "```text\n" + "\n".join(comparison_lines(comparison, demo)) + "\n```")
 
 
 def _check_recipes(args: argparse.Namespace, recipe: str, budget) -> None:
     """Every recipe this run will build, checked with --backend before any model is loaded or calibrated."""
-    from ptq_protein.config import Backend
-    from ptq_protein.presets import get_preset
+    from ptq_protein.recipes.config import Backend
+    from ptq_protein.recipes.presets import get_preset
 
     if budget is not None:
         if args.compare is not None and args.compare.strip().lower() != "none":
@@ -174,7 +174,7 @@ def _check_sites(model, recipe: str, compare) -> None:
     """Every recipe of this run selects sites of the loaded model: refused now, not after minutes of calibration."""
     from ptq_protein.models.adapters import get_adapter
     from ptq_protein.passes.recipe import resolve_recipe
-    from ptq_protein.presets import get_preset
+    from ptq_protein.recipes.presets import get_preset
 
     adapter = get_adapter(model)
     for name in [recipe, *compare]:
@@ -187,7 +187,7 @@ def _check_sites(model, recipe: str, compare) -> None:
 
 def _smoothquant_alpha(args: argparse.Namespace, recipe: str):
     """``--smoothquant-alpha`` checked before any model is loaded: None, a float, or "auto"."""
-    from ptq_protein.presets import get_preset
+    from ptq_protein.recipes.presets import get_preset
 
     text = args.smoothquant_alpha
     if text is None:
@@ -210,7 +210,7 @@ def _tuned_recipe(args: argparse.Namespace, loaded, recipe: str, alpha, crop):
     """(the recipe to quantize with, ``{"chosen", "scored_on", "trials"}`` of the alpha search or None)."""
     import dataclasses
 
-    from ptq_protein.presets import get_preset
+    from ptq_protein.recipes.presets import get_preset
 
     if alpha is None:
         return recipe, None

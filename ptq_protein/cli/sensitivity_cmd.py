@@ -50,7 +50,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ptq_protein.presets import get_preset
+    from ptq_protein.recipes.presets import get_preset
     from ptq_protein.search.sensitivity import sensitivity
 
     get_preset(args.recipe)  # a typo fails before any model is loaded

@@ -107,9 +107,9 @@ def run_lddt(args: argparse.Namespace) -> int:
 def run_contacts(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from ptq_protein.errors import InputError
     from ptq_protein.eval.contacts import contact_precision
-    from ptq_protein.file_reads import regular_file
+    from ptq_protein.support.errors import InputError
+    from ptq_protein.support.file_reads import regular_file
 
     path = regular_file(args.pred, "contact map")
     try:
@@ -134,8 +134,8 @@ def _read_sequence(value):
         return None
     if not Path(value).is_file():
         return value.strip().upper()
-    from ptq_protein.errors import InputError
-    from ptq_protein.fasta import read_fasta
+    from ptq_protein.data.fasta import read_fasta
+    from ptq_protein.support.errors import InputError
 
     records = read_fasta(Path(value))
     if not records:

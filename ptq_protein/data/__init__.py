@@ -7,7 +7,7 @@ The folder holds gzip-compressed copies of the CAMEO/CASP sets (see
 Each file's sha256 is recorded in the manifest; :func:`read_bundled_bytes`
 checks it the first time a file is read in a process (and again if the file's
 size or mtime changes), so a truncated or edited install fails loudly with an
-:class:`~ptq_protein.errors.ArtifactError` instead of giving wrong scores.
+:class:`~ptq_protein.support.errors.ArtifactError` instead of giving wrong scores.
 :func:`read_structure_text` reads any structure file, bundled (checked) or not.
 """
 
@@ -21,8 +21,8 @@ import threading
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
-from ptq_protein.errors import ArtifactError, InputError
-from ptq_protein.file_reads import gunzip
+from ptq_protein.support.errors import ArtifactError, InputError
+from ptq_protein.support.file_reads import gunzip
 
 __all__ = [
     "DATA_DIR",

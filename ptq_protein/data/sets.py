@@ -52,9 +52,9 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from ptq_protein import data as bundle
 from ptq_protein.data import read_structure_text
-from ptq_protein.errors import ArtifactError, InputError
-from ptq_protein.fasta import ESM_AMINO_ACIDS, read_fasta_records, validate_sequence
-from ptq_protein.io_utils import atomic_write_bytes
+from ptq_protein.data.fasta import ESM_AMINO_ACIDS, read_fasta_records, validate_sequence
+from ptq_protein.support.errors import ArtifactError, InputError
+from ptq_protein.support.io_utils import atomic_write_bytes
 
 __all__ = [
     "BUNDLED_SETS",
@@ -255,9 +255,9 @@ def load_set(spec: Union[str, os.PathLike, Mapping[str, Any], SetSpec], *,
     numbering
         For FASTA sets: ``"sequence"`` or ``"author"`` (default; pair by alignment).
     duplicates
-        For FASTA sets: ``"error"`` or ``"rename"`` repeated ids (see :func:`~ptq_protein.fasta.read_fasta`).
+        For FASTA sets: ``"error"`` or ``"rename"`` repeated ids (see :func:`~ptq_protein.data.fasta.read_fasta`).
     alphabet, max_length
-        Sequence checks, as in :func:`~ptq_protein.fasta.validate_sequence`.
+        Sequence checks, as in :func:`~ptq_protein.data.fasta.validate_sequence`.
 
     Examples
     --------

@@ -1,11 +1,11 @@
 """transformers' view of an artifact: the ``ptq_protein`` quantization method, and a save that cannot break it.
 
 ``from_pretrained(artifact)`` reads ``config.json`` (written by
-:func:`ptq_protein.artifact.save`), finds ``quant_method: "ptq_protein"`` and
+:func:`ptq_protein.artifact.save_load.save`), finds ``quant_method: "ptq_protein"`` and
 hands the model to :class:`PtqProteinQuantizer`. transformers builds its model
 and reads the tensor file as usual (the names do not match, so nothing useful is
 loaded, and the load report is silenced); after that the quantizer replaces the
-model's contents with :func:`ptq_protein.artifact.load`'s model: the same
+model's contents with :func:`ptq_protein.artifact.save_load.load`'s model: the same
 checks and the same modules, hence outputs equal to ``pp.load``'s bit for bit.
 
 ``save_pretrained`` / ``push_to_hub`` of a model holding quantized modules write
@@ -29,7 +29,7 @@ from transformers.quantizers import auto as hf_auto
 from transformers.quantizers.base import HfQuantizer
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
-from ptq_protein.artifact_hf import HF_CONFIG, NO_CLASS_MODEL_TYPE, QUANT_METHOD, no_class_message
+from ptq_protein.artifact.hf_files import HF_CONFIG, NO_CLASS_MODEL_TYPE, QUANT_METHOD, no_class_message
 from ptq_protein.models.float_dtypes import main_dtype
 
 __all__ = ["PtqProteinConfig", "PtqProteinQuantizer", "register", "save_pretrained", "push_to_hub", "graft_trunk"]
@@ -47,7 +47,7 @@ class PtqProteinConfig(QuantizationConfigMixin):
 
 
 class PtqProteinQuantizer(HfQuantizer):
-    """Loads an artifact through :func:`ptq_protein.artifact.load` inside ``from_pretrained``."""
+    """Loads an artifact through :func:`ptq_protein.artifact.save_load.load` inside ``from_pretrained``."""
 
     requires_calibration = True  # only pre-quantized folders: quantizing happens in ptq-protein
 
@@ -70,7 +70,7 @@ class PtqProteinQuantizer(HfQuantizer):
         return dtype
 
     def update_attn_implementation(self, config):
-        from ptq_protein.artifact import TENSORS
+        from ptq_protein.artifact.save_load import TENSORS
 
         config.transformers_weights = TENSORS  # the artifact's tensor file (the config names an install hint)
         return config
@@ -92,8 +92,8 @@ class PtqProteinQuantizer(HfQuantizer):
         return model
 
     def _process_model_after_weight_loading(self, model: PreTrainedModel, **kwargs: Any):
-        from ptq_protein.artifact import DTYPES
-        from ptq_protein.artifact_fair_hf import load_as_transformers
+        from ptq_protein.artifact.fair_hf import load_as_transformers
+        from ptq_protein.artifact.save_load import DTYPES
 
         loaded = load_as_transformers(self.folder, device=self.device)
         sealed = main_dtype(loaded.ptq_recipe.get(DTYPES))
@@ -186,7 +186,7 @@ def save_pretrained(model: PreTrainedModel, save_directory, is_main_process: boo
                     state_dict: Optional[dict] = None, push_to_hub: bool = False, variant: Optional[str] = None,
                     **kwargs: Any) -> None:
     """``save_pretrained`` of a quantized model: the artifact (``pp.save``), into an empty or artifact folder."""
-    from ptq_protein.artifact import save
+    from ptq_protein.artifact.save_load import save
 
     if state_dict is not None or variant is not None:
         raise ValueError("save_pretrained(state_dict=/variant=) would write tensors that are not the quantized "

@@ -37,13 +37,13 @@ from typing import Iterator, List, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from ptq_protein.config import Granularity, Scheme
-from ptq_protein.errors import InputError
 from ptq_protein.interop.onnx_qdq import OnnxActQuant, OnnxLinear, SpecialRows
 from ptq_protein.interop.onnx_vocab import check_vocab_out, vocab_for, write_vocab
 from ptq_protein.models.tokens import esmc_vocab
 from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.nn.special_tokens import SpecialTokenContext
+from ptq_protein.recipes.config import Granularity, Scheme
+from ptq_protein.support.errors import InputError
 
 __all__ = ["export_onnx", "ort_session", "example_ids", "OPSET", "INSTALL_ONNX"]
 
@@ -60,8 +60,8 @@ def export_onnx(artifact: Union[str, Path], out: Union[str, Path], *, force: boo
         import onnx  # noqa: F401  (the exporter writes through it)
     except ImportError as err:
         raise InputError(INSTALL_ONNX) from err
-    from ptq_protein.artifact import load
-    from ptq_protein.io_utils import atomic_write_bytes, check_out_path
+    from ptq_protein.artifact.save_load import load
+    from ptq_protein.support.io_utils import atomic_write_bytes, check_out_path
 
     out = Path(out)
     check_out_path(out, force=force, what="ONNX file")  # before loading: refused in words, not after the export

@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
-from ptq_protein.errors import InputError
 from ptq_protein.models.tokens import esm_vocab
+from ptq_protein.support.errors import InputError
 
 __all__ = ["VOCAB", "TOKENS", "vocab_for", "id_table", "check_vocab_out", "write_vocab"]
 
@@ -60,7 +60,7 @@ def check_vocab_out(folder: Path, tokens: Sequence[str], outputs: Sequence[str],
 
 def write_vocab(folder: Path, tokens: Sequence[str], outputs: Sequence[str]) -> List[Path]:
     """Write ``vocab.txt`` and ``tokens.json`` into ``folder``; returns their paths."""
-    from ptq_protein.io_utils import atomic_write_text
+    from ptq_protein.support.io_utils import atomic_write_text
 
     written = []
     for name, text in _contents(tokens, outputs).items():

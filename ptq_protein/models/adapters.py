@@ -100,7 +100,7 @@ class ModelAdapter:
 
     # -- inputs ----------------------------------------------------------------------
     def validate(self, sequences: Sequence[str], where: str = "calibration") -> List[str]:
-        from ptq_protein.fasta import validate_sequence
+        from ptq_protein.data.fasta import validate_sequence
 
         return [validate_sequence(s, alphabet=ESM_ALPHABET_LETTERS, max_length=self.max_residues,
                                   where=f"{where} sequence {i + 1}") for i, s in enumerate(sequences)]

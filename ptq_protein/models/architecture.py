@@ -12,9 +12,9 @@ from typing import Any, ContextManager, Dict
 
 from torch import nn
 
-from ptq_protein.errors import ArtifactError
-from ptq_protein.io_utils import public_source
 from ptq_protein.models.no_init import skip_torch_init
+from ptq_protein.support.errors import ArtifactError
+from ptq_protein.support.io_utils import public_source
 
 __all__ = ["describe_architecture", "build_architecture", "TRANSFORMERS_CLASSES"]
 

@@ -33,8 +33,8 @@ from typing import Any, Dict, Mapping, Sequence, Tuple, Union
 
 import torch
 
-from ptq_protein.digests import file_sha256
-from ptq_protein.errors import InputError
+from ptq_protein.support.digests import file_sha256
+from ptq_protein.support.errors import InputError
 
 __all__ = ["Unloaded", "load_torch_checkpoint", "plain_config", "split_state", "file_sha256"]
 

@@ -13,7 +13,7 @@ from typing import Tuple
 
 from torch import nn
 
-from ptq_protein.errors import InputError
+from ptq_protein.support.errors import InputError
 
 __all__ = ["PUBLISHED_SIZES", "check_name_fits"]
 

@@ -15,9 +15,9 @@ from typing import Any, Dict, Tuple
 
 import torch
 
-from ptq_protein.errors import InputError
 from ptq_protein.models.esmc import ESMC
 from ptq_protein.models.esmfold_convert import load_checked
+from ptq_protein.support.errors import InputError
 
 __all__ = ["ESMC_HEAD_WIDTH", "PUBLISHED_ESMC", "is_esmc_state", "esmc_sizes", "load_esmc"]
 

@@ -22,8 +22,8 @@ from typing import Any, Dict, Mapping, Optional
 
 import torch
 
-from ptq_protein.errors import InputError
 from ptq_protein.models.tokens import esm_vocab
+from ptq_protein.support.errors import InputError
 
 __all__ = ["STEM_FILES", "config_from_fair_cfg", "stem_file_name"]
 

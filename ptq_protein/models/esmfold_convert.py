@@ -38,12 +38,12 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import torch
 
-from ptq_protein.errors import InputError
 from ptq_protein.models.checkpoints import load_torch_checkpoint, plain_config, split_state
 from ptq_protein.models.esm_keymap import KeyMapping, fair_esm2_to_hf, hf_to_fair_esm2, uses_per_layer_rotary
 from ptq_protein.models.esmfold_cfg import config_from_fair_cfg, stem_file_name
 from ptq_protein.models.resolve import ESMFOLD_FAIR_STEM, missing_weights, torch_checkpoints_dir
 from ptq_protein.models.tokens import esm_vocab
+from ptq_protein.support.errors import InputError
 
 __all__ = ["esmfold_v1_config", "fair_esmfold_to_hf", "hf_esmfold_to_fair", "load_fair_esmfold"]
 

@@ -19,9 +19,9 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from ptq_protein.errors import InputError
 from ptq_protein.models.esmfold_convert import load_checked
 from ptq_protein.models.no_init import skip_torch_init
+from ptq_protein.support.errors import InputError
 
 __all__ = ["esm2_skeleton", "fair_esm2_state", "fill_missing_regression", "load_fair_esm2", "save_fair_esm2"]
 

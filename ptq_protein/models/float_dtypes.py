@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional
 import torch
 from torch import nn
 
-from ptq_protein.errors import ArtifactError
+from ptq_protein.support.errors import ArtifactError
 
 __all__ = ["FLOAT_DTYPES", "float_dtypes", "apply_float_dtypes", "main_dtype"]
 

@@ -38,8 +38,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from ptq_protein.config import Backend
 from ptq_protein.models.encoder_roles import EncoderLayer, layer_runner
+from ptq_protein.recipes.config import Backend
 
 __all__ = ["use_fused_float_", "use_fast_float_", "fused_attention_runs"]
 

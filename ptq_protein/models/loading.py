@@ -20,7 +20,7 @@ Resolution of ``name_or_path`` (first match wins; nothing is ever downloaded):
 A file holding an ESM C state dict (the official layout) loads as ptq-protein's
 :class:`~ptq_protein.models.esmc.ESMC` (:mod:`.esmc_load`), whatever its name.
 
-Otherwise :class:`~ptq_protein.errors.MissingWeightsError` lists the files and
+Otherwise :class:`~ptq_protein.support.errors.MissingWeightsError` lists the files and
 folders searched and how to provide them (folders: :mod:`.resolve`).
 """
 
@@ -38,9 +38,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ptq_protein.digests import listing_sha256
-from ptq_protein.errors import InputError
-from ptq_protein.fasta import ESM2_MAX_RESIDUES, ESM_AMINO_ACIDS, validate_sequence
+from ptq_protein.data.fasta import ESM2_MAX_RESIDUES, ESM_AMINO_ACIDS, validate_sequence
 from ptq_protein.models import resolve
 from ptq_protein.models.checkpoints import file_sha256, load_torch_checkpoint, split_state
 from ptq_protein.models.declared import check_name_fits
@@ -58,7 +56,9 @@ from ptq_protein.models.tokens import (
     tokenize_fair_esm,
     tokenize_hf_esm,
 )
-from ptq_protein.process_memory import loading
+from ptq_protein.support.digests import listing_sha256
+from ptq_protein.support.errors import InputError
+from ptq_protein.support.process_memory import loading
 
 __all__ = ["ModelFamily", "LoadedModel", "load_model", "locate_weights"]
 

@@ -26,8 +26,8 @@ from typing import Iterable, List, Optional, Sequence
 
 import torch
 
-from ptq_protein.digests import file_sha256, listing_sha256
-from ptq_protein.errors import InputError, MissingWeightsError
+from ptq_protein.support.digests import file_sha256, listing_sha256
+from ptq_protein.support.errors import InputError, MissingWeightsError
 
 __all__ = [
     "FAIR_ESM_MODELS",

@@ -19,7 +19,7 @@ from typing import Tuple
 
 import torch
 
-from ptq_protein.config import Backend
+from ptq_protein.recipes.config import Backend
 
 __all__ = ["choose_backend", "cpu_isa"]
 

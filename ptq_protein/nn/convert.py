@@ -13,12 +13,12 @@ from torch import nn
 
 from ptq_protein.calibration.matmul_sites import QuantMatmulHost
 from ptq_protein.calibration.sites import Site, set_module
-from ptq_protein.config import QuantConfig, SiteKind
-from ptq_protein.errors import InputError
 from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.nn.qparams import quantize_weight
 from ptq_protein.quant.metrics import BLOCK_VALUES, sqnr_db_blocks
 from ptq_protein.quant.observers import all_finite
+from ptq_protein.recipes.config import QuantConfig, SiteKind
+from ptq_protein.support.errors import InputError
 
 __all__ = ["swap_modules_", "set_module", "cache_dequantized_weights"]
 

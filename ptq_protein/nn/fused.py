@@ -48,7 +48,7 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-from ptq_protein.env_settings import FUSED, FUSED_MODES, fused_mode
+from ptq_protein.support.env_settings import FUSED, FUSED_MODES, fused_mode
 
 __all__ = ["FusedSettings", "configure", "settings", "fused_call", "padded_regions", "piecewise_codes",
            "piecewise_fake",

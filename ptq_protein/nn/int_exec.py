@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ptq_protein.config import Engine
+from ptq_protein.recipes.config import Engine
 
 __all__ = ["Engine", "EngineFallbackWarning", "int_linear", "codes_rows_linear", "float_rows_linear",
            "first_accumulators", "set_engine", "engine_used", "weight_codes"]

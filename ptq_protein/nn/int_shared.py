@@ -31,10 +31,10 @@ from typing import List, NamedTuple, Optional
 import torch
 from torch import nn
 
-from ptq_protein.config import Backend, Engine
 from ptq_protein.nn import cpu_int8
 from ptq_protein.nn.int_exec import _fast_blocker, codes_rows_linear, float_rows_linear, int_linear
 from ptq_protein.nn.int_fast import fast_product
+from ptq_protein.recipes.config import Backend, Engine
 
 __all__ = ["int_forward", "shared_linear", "group_weights"]
 

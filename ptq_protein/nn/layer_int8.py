@@ -31,13 +31,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ptq_protein.config import Backend, Engine, Scheme
 from ptq_protein.models.encoder_roles import EncoderLayer
 from ptq_protein.nn import cpu_int8, cpu_int8_fused
 from ptq_protein.nn.int_fast import prepack_module
 from ptq_protein.nn.int_shared import group_weights
 from ptq_protein.nn.layer_float_ops import U8_OFFSET, Quant, codes, norm_codes, rotary, rotary_table
 from ptq_protein.quant.uniform import qrange
+from ptq_protein.recipes.config import Backend, Engine, Scheme
 
 __all__ = ["blocker", "forward", "static_quant"]
 

@@ -18,13 +18,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ptq_protein.config import Backend, Engine, Granularity, Scheme, TensorQuant
 from ptq_protein.nn.fused import fused_call, padded_regions, piecewise_fake, uniform_fake
 from ptq_protein.nn.row_ops import restore_rows, row_slice
 from ptq_protein.quant.codebook import PiecewiseCodebook, pwlq_dequantize, pwlq_quantize
 from ptq_protein.quant.fit import pwlq_codebook_for_values
 from ptq_protein.quant.fp8 import fp8_dequantize, fp8_fake_quantize, fp8_per_token, fp8_quantize, fp8_scale
 from ptq_protein.quant.uniform import choose_qparams, dequantize, dynamic_per_token, qrange, quantize
+from ptq_protein.recipes.config import Backend, Engine, Granularity, Scheme, TensorQuant
 
 __all__ = ["ActQuantizer", "QuantLinear", "QuantInput"]
 

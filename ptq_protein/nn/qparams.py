@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 
-from ptq_protein.config import Scheme, TensorQuant
 from ptq_protein.nn.modules import ActQuantizer
 from ptq_protein.quant.fit import (
     calibrated_range,
@@ -20,6 +19,7 @@ from ptq_protein.quant.fit import (
     quantize_weight,
 )
 from ptq_protein.quant.uniform import choose_qparams
+from ptq_protein.recipes.config import Scheme, TensorQuant
 
 __all__ = ["needs_calibration", "quantize_weight", "activation_quantizer", "pwlq_codebook_for_values",
            "calibrated_range"]

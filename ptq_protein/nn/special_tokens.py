@@ -26,8 +26,8 @@ from torch import nn
 
 from ptq_protein.calibration.masks import special_positions
 from ptq_protein.calibration.matmul_sites import QuantMatmulHost
-from ptq_protein.config import QuantConfig, SpecialTokens
 from ptq_protein.nn.modules import ActQuantizer
+from ptq_protein.recipes.config import QuantConfig, SpecialTokens
 
 __all__ = ["SpecialTokenContext", "keep_special_tokens_float_", "apply_special_tokens_"]
 

@@ -17,8 +17,8 @@ from typing import Dict, Iterable, Tuple
 import torch
 from torch import nn
 
-from ptq_protein.config import Scheme, StudyOptions
 from ptq_protein.quant.study import study_pwlq, study_signed_range, study_uniform, study_weight_rows
+from ptq_protein.recipes.config import Scheme, StudyOptions
 
 __all__ = ["StudyActQuant", "study_weights_", "study_weight_keys", "cast_owners_float32_"]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from ptq_protein.calibration.sites import Site
-from ptq_protein.config import QuantConfig
+from ptq_protein.recipes.config import QuantConfig
 
 __all__ = ["Needs", "Pass", "EveryRecipe", "STATIC_ACTIVATIONS"]
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 from typing import Sequence
 
 from ptq_protein.calibration.sites import Site
-from ptq_protein.config import QuantConfig
 from ptq_protein.models.mapped import release_after_forward
 from ptq_protein.passes.base import STATIC_ACTIVATIONS, Needs
 from ptq_protein.passes.forwards import run_forwards
 from ptq_protein.passes.plan import static_sites
 from ptq_protein.passes.run import Run
+from ptq_protein.recipes.config import QuantConfig
 
 __all__ = ["CalibrateOurs"]
 

@@ -12,11 +12,11 @@ import logging
 from typing import Any, Dict, Sequence
 
 from ptq_protein.calibration.sites import Site
-from ptq_protein.config import QuantConfig, SiteKind
 from ptq_protein.nn.modules import ActQuantizer
 from ptq_protein.nn.qparams import activation_quantizer
 from ptq_protein.passes.base import EveryRecipe
 from ptq_protein.passes.run import Run
+from ptq_protein.recipes.config import QuantConfig, SiteKind
 
 __all__ = ["FitActivations", "fit_activation_quantizers"]
 

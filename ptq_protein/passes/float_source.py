@@ -15,9 +15,9 @@ from typing import Optional
 from torch import nn
 
 from ptq_protein.calibration.matmul_sites import QuantMatmulHost
-from ptq_protein.errors import InputError
 from ptq_protein.nn.modules import QuantInput, QuantLinear
 from ptq_protein.nn.study import StudyActQuant
+from ptq_protein.support.errors import InputError
 
 __all__ = ["quantized_recipe", "require_float", "already_quantized"]
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from ptq_protein.calibration.sites import Site
-from ptq_protein.config import QuantConfig
 from ptq_protein.passes.base import Needs
 from ptq_protein.passes.run import Run
+from ptq_protein.recipes.config import QuantConfig
 from ptq_protein.transforms.smoothquant import smooth_model_
 
 __all__ = ["FoldSmoothQuant"]

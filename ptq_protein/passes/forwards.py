@@ -17,8 +17,8 @@ from torch import nn
 from ptq_protein.calibration.calibrate import calibrate
 from ptq_protein.calibration.sites import Site
 from ptq_protein.calibration.study import study_calibrate, study_observers
-from ptq_protein.config import TensorQuant
 from ptq_protein.passes.plan import StudyWatch
+from ptq_protein.recipes.config import TensorQuant
 
 __all__ = ["run_forwards"]
 

@@ -9,10 +9,10 @@ either; the config records ``pair_bits``, so a loaded artifact runs the same way
 
 from __future__ import annotations
 
-from ptq_protein.config import QuantConfig
 from ptq_protein.nn.pair_int8 import use_pair_int8
 from ptq_protein.passes.base import EveryRecipe
 from ptq_protein.passes.run import Run
+from ptq_protein.recipes.config import QuantConfig
 
 __all__ = ["PairInt8"]
 

@@ -14,11 +14,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from torch import nn
 
 from ptq_protein.calibration.sites import Site
-from ptq_protein.config import QuantConfig, SiteKind, SpecialTokens, TensorQuant
 from ptq_protein.nn.qparams import needs_calibration
 from ptq_protein.passes.base import Pass
 from ptq_protein.passes.sequences import CalibrationArg, calibration_sequences
 from ptq_protein.passes.state import CalibrationInfo, CalibrationPass
+from ptq_protein.recipes.config import QuantConfig, SiteKind, SpecialTokens, TensorQuant
 
 __all__ = ["CalibrationPlan", "StudyWatch", "plan_calibration", "static_sites", "study_can_ride", "MODEL_CHANGES_FIRST"]
 

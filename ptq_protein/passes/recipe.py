@@ -16,8 +16,6 @@ from typing import List, Sequence, Tuple
 from torch import nn
 
 from ptq_protein.calibration.sites import Site, discover_sites, select_sites
-from ptq_protein.config import QuantConfig, SiteKind
-from ptq_protein.errors import InputError
 from ptq_protein.passes.base import Pass
 from ptq_protein.passes.calibrate import CalibrateOurs
 from ptq_protein.passes.fit_activations import FitActivations
@@ -30,6 +28,8 @@ from ptq_protein.passes.study_activations import StudyActivations
 from ptq_protein.passes.study_calibrate import StudyCalibrate
 from ptq_protein.passes.study_w8 import StudyW8
 from ptq_protein.passes.swap import SwapModules
+from ptq_protein.recipes.config import QuantConfig, SiteKind
+from ptq_protein.support.errors import InputError
 
 __all__ = ["Recipe", "resolve_recipe", "OUR_PASSES", "STUDY_PASSES"]
 

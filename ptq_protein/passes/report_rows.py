@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ptq_protein.passes.base import EveryRecipe
 from ptq_protein.passes.run import Run
-from ptq_protein.report import build_report
+from ptq_protein.passes.site_report import build_report
 
 __all__ = ["ReportRows"]
 

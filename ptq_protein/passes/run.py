@@ -7,9 +7,9 @@ from typing import Any, Dict, List, Optional
 
 from torch import nn
 
-from ptq_protein.config import QuantConfig, SiteKind
 from ptq_protein.passes.plan import CalibrationPlan
 from ptq_protein.passes.state import CalibrationInfo, QuantState
+from ptq_protein.recipes.config import QuantConfig, SiteKind
 
 __all__ = ["Run"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Union
 
-from ptq_protein.errors import InputError
+from ptq_protein.support.errors import InputError
 
 __all__ = ["CalibrationArg", "resolve_calibration", "calibration_records", "calibration_sequences", "crop_sequence",
            "input_files", "input_digests", "with_input_digests"]
@@ -26,7 +26,7 @@ def calibration_records(calibration: CalibrationArg, why: str = "static activati
     if isinstance(calibration, (str, Path)):
         text = str(calibration)
         if Path(text).exists():
-            from ptq_protein.fasta import read_fasta
+            from ptq_protein.data.fasta import read_fasta
 
             return list(read_fasta(Path(text), duplicates="rename"))  # calibration reads no ids
         from ptq_protein.data.sets import load_set
@@ -74,7 +74,7 @@ def input_digests(named: Mapping[str, CalibrationArg]) -> Dict[str, str]:
     (a FASTA rewritten in place, same path and count, would otherwise mix two runs' rows).
     Bundled sets and lists read no file: ``{}``, which a run records as nothing (see :func:`with_input_digests`).
     """
-    from ptq_protein.digests import path_sha256
+    from ptq_protein.support.digests import path_sha256
 
     return {f"{label} {path}": path_sha256(path) for label, source in named.items() for path in input_files(source)}
 

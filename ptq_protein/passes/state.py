@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 from ptq_protein.calibration.sites import Site
-from ptq_protein.config import QuantConfig, SpecialTokens, TensorQuant
+from ptq_protein.recipes.config import QuantConfig, SpecialTokens, TensorQuant
 
 __all__ = ["CalibrationInfo", "QuantState", "CalibrationPass"]
 
@@ -44,7 +44,7 @@ class QuantState:
     report: List[Dict[str, Any]] = field(default_factory=list)
     fp_sites: List[str] = field(default_factory=list)
     histograms: Dict[str, Any] = field(default_factory=dict)  # site -> (counts, edges), for plots
-    plan: Optional[Any] = None  # a ptq_protein.site_plan.MixedPlan when the precision differs per unit
+    plan: Optional[Any] = None  # a ptq_protein.recipes.site_plan.MixedPlan when the precision differs per unit
 
 
 @dataclass

@@ -16,12 +16,12 @@ from typing import Dict, List
 from torch import nn
 
 from ptq_protein.calibration.sites import set_module
-from ptq_protein.config import QuantConfig
 from ptq_protein.nn.modules import QuantInput
 from ptq_protein.nn.study import StudyActQuant
 from ptq_protein.passes.base import EveryRecipe
 from ptq_protein.passes.run import Run
 from ptq_protein.quant.study_observer import float_reason
+from ptq_protein.recipes.config import QuantConfig
 
 __all__ = ["StudyActivations"]
 

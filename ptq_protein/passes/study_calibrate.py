@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import Sequence
 
 from ptq_protein.calibration.sites import Site
-from ptq_protein.config import QuantConfig
 from ptq_protein.passes.base import STATIC_ACTIVATIONS, Needs
 from ptq_protein.passes.forwards import run_forwards
 from ptq_protein.passes.run import Run
+from ptq_protein.recipes.config import QuantConfig
 
 __all__ = ["StudyCalibrate"]
 

@@ -8,10 +8,10 @@ Writes: ``run.model`` (tensors rounded in place) and ``run.quantized`` (tensor -
 
 from __future__ import annotations
 
-from ptq_protein.config import QuantConfig
 from ptq_protein.nn.study import study_weights_
 from ptq_protein.passes.base import EveryRecipe
 from ptq_protein.passes.run import Run
+from ptq_protein.recipes.config import QuantConfig
 
 __all__ = ["StudyW8"]
 

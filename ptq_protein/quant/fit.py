@@ -16,7 +16,6 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from ptq_protein.config import BreakpointMethod, Granularity, RangeMethod, Scheme, TensorQuant
 from ptq_protein.quant import breakpoints as bp
 from ptq_protein.quant.breakpoint_search import search_pwlq
 from ptq_protein.quant.codebook import PiecewiseCodebook, pwlq_quantize
@@ -25,6 +24,7 @@ from ptq_protein.quant.histogram import HistogramObserver
 from ptq_protein.quant.pwlq import asymmetric_pwlq, shared_centre_step, symmetric_pwlq
 from ptq_protein.quant.ranges import mse_uniform_range
 from ptq_protein.quant.uniform import choose_qparams, per_channel_minmax, quantize
+from ptq_protein.recipes.config import BreakpointMethod, Granularity, RangeMethod, Scheme, TensorQuant
 
 __all__ = ["needs_calibration", "quantize_weight", "pwlq_codebook_for_values", "pwlq_from_range",
            "calibrated_range", "fp8_activation_scale"]

@@ -1,1 +1,1 @@
-"""Recipe families, one file each; :mod:`ptq_protein.presets` is the registry that merges them."""
+"""Recipe families, one file each; :mod:`ptq_protein.recipes.presets` is the registry that merges them."""

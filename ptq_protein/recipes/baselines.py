@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Dict
 
-from ptq_protein.config import (
+from ptq_protein.recipes.config import (
                                 FP8Format,
                                 GPTQSpec,
                                 Granularity,

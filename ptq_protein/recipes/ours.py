@@ -1,11 +1,11 @@
 """ptq-protein's own recipes: uniform and piecewise-linear, weights and activations.
 
 Each family of recipes is one file in this folder exporting ``PRESETS`` (name ->
-QuantConfig) and ``DOCS`` (name -> one line); :mod:`ptq_protein.presets` merges them.
+QuantConfig) and ``DOCS`` (name -> one line); :mod:`ptq_protein.recipes.presets` merges them.
 
 Every recipe here keeps the LM's BOS/EOS rows in floating point at its activation
 sites (``special_tokens="float"``, the QuantConfig default; measured against
-``include`` and ``clip`` by scripts/bench_special_tokens.py): an "A8" recipe stores
+``include`` and ``clip`` by scripts/bench/special_tokens.py): an "A8" recipe stores
 8 bits per activation value on residue and padding rows, and those two rows per
 sequence stay in the model's dtype.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Dict
 
-from ptq_protein.config import (
+from ptq_protein.recipes.config import (
     BreakpointMethod,
     Granularity,
     QuantConfig,

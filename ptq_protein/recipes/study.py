@@ -79,7 +79,7 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
-from ptq_protein.config import (
+from ptq_protein.recipes.config import (
     Granularity,
     QuantConfig,
     RangeMethod,

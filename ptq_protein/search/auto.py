@@ -6,7 +6,7 @@ The search, in four steps (calibration runs once, before step 1):
    rest FP) and measure the budget's metric on the *search* sequences: loss(u, c)
    (0 = the FP model's own output; 1 - TM, 1 - precision, 1 - top-1, or the logits' relative error).
 2. **Greedy.** Start all-FP. Repeatedly take the move (u -> c) that lowers the average
-   width (:mod:`ptq_protein.site_plan`) at the smallest increase of the predicted loss
+   width (:mod:`ptq_protein.recipes.site_plan`) at the smallest increase of the predicted loss
    (the sum of the plan's table losses) per bit saved, down to the narrowest plan (or,
    with ``max_bits_avg``, until the plan is that narrow). The moves form a list of
    nested plans, each narrower than the one before.
@@ -30,15 +30,15 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from torch import nn
 
 from ptq_protein.api import crop_sequence, resolve_calibration
-from ptq_protein.config import Backend, QuantConfig, SiteKind, TensorQuant
-from ptq_protein.errors import InputError
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.passes.float_source import require_float
+from ptq_protein.recipes.config import Backend, QuantConfig, SiteKind, TensorQuant
+from ptq_protein.recipes.site_plan import DEFAULT_CHOICES, MixedPlan, UnitChoice
 from ptq_protein.search.budget import VALUE_METRIC, Budget
 from ptq_protein.search.metrics import METRIC_VALUES, Metric, Scorer, choose_metric
 from ptq_protein.search.units import Unit, UnitKind, make_units
 from ptq_protein.search.workbench import SiteSpec, Workbench
-from ptq_protein.site_plan import DEFAULT_CHOICES, MixedPlan, UnitChoice
+from ptq_protein.support.errors import InputError
 
 __all__ = ["auto_quantize", "SearchLog", "unit_specs", "UnitCosts", "single_width_baselines", "AUTO_SCOPE",
            "AUTO_CONFIG"]
@@ -114,7 +114,7 @@ def auto_quantize(model: nn.Module, budget: Union[str, Budget, None] = None, *, 
     calibration : as for :func:`ptq_protein.quantize` (required).
     search_set, holdout : sequences the table is measured on, and those the plan is verified on.
     unit : ``layer`` (default), ``site`` or ``part``.
-    choices : the menu (:data:`ptq_protein.site_plan.DEFAULT_CHOICES`); FP is always offered.
+    choices : the menu (:data:`ptq_protein.recipes.site_plan.DEFAULT_CHOICES`); FP is always offered.
     metric : with only ``max_bits_avg``: what to keep close to FP (default ``tm`` for ESMFold, ``logits`` for LMs).
     max_length : crop calibration / search / held-out sequences to this many central residues.
 

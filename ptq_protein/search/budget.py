@@ -7,9 +7,9 @@ import re
 from dataclasses import dataclass
 from typing import Dict, Optional
 
-from ptq_protein.errors import InputError
+from ptq_protein.recipes.site_plan import FP_BITS
 from ptq_protein.search.metrics import METRIC_VALUES, Metric
-from ptq_protein.site_plan import FP_BITS
+from ptq_protein.support.errors import InputError
 
 __all__ = ["Budget", "VALUE_METRIC"]
 
@@ -22,7 +22,8 @@ _FORMS = "tm>=X, contacts>=X, top1>=X or logits_rel<=X"
 
 @dataclass(frozen=True)
 class Budget:
-    """``value_name op threshold`` on the held-out metric and/or ``max_bits_avg`` (see :mod:`ptq_protein.site_plan`)."""
+    """``value_name op threshold`` on the held-out metric and/or ``max_bits_avg``
+    (see :mod:`ptq_protein.recipes.site_plan`)."""
 
     value_name: Optional[str] = None
     threshold: Optional[float] = None

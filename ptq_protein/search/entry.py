@@ -11,8 +11,8 @@ from typing import Any, Optional, Union
 from torch import nn
 
 from ptq_protein import api
-from ptq_protein.config import QuantConfig
-from ptq_protein.errors import InputError
+from ptq_protein.recipes.config import QuantConfig
+from ptq_protein.support.errors import InputError
 
 __all__ = ["quantize", "AUTO"]
 
@@ -34,7 +34,7 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
         fair-esm `ESM2` / `ProteinBertModel`, transformers `EsmModel` / `EsmForMaskedLM` /
         `EsmForProteinFolding`, or ESM C (`ptq_protein.models.esmc.ESMC`); not modified unless `inplace=True`.
     config
-        A preset name (`"w8a8-pwlq"`; see `ptq_protein.presets.PRESETS`), a `QuantConfig`, its
+        A preset name (`"w8a8-pwlq"`; see `ptq_protein.recipes.presets.PRESETS`), a `QuantConfig`, its
         `to_dict()`, or `"auto"` for the mixed-precision search.
     calibration
         FASTA path, bundled set spec (`"casp14:50"`), or a list of sequences; needed when

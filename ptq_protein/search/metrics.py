@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ptq_protein.errors import InputError
 from ptq_protein.eval.bench.fidelity import relative_error
 from ptq_protein.models.adapters import ModelAdapter
+from ptq_protein.support.errors import InputError
 
 __all__ = ["Metric", "Scorer", "check_metric", "choose_metric", "default_metric", "MIN_SEPARATION", "METRIC_VALUES"]
 

@@ -21,19 +21,19 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 from torch import nn
 
 from ptq_protein.api import crop_sequence, resolve_calibration
-from ptq_protein.config import QuantConfig
 from ptq_protein.eval.bench.results_store import INPUTS_KEY, ResultsStore, check_run_info
-from ptq_protein.io_utils import atomic_write_text
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.fingerprint import model_fingerprint
 from ptq_protein.passes.float_source import require_float
 from ptq_protein.passes.sequences import with_input_digests
-from ptq_protein.presets import resolve_config
-from ptq_protein.report import asymmetry
+from ptq_protein.passes.site_report import asymmetry
+from ptq_protein.recipes.config import QuantConfig
+from ptq_protein.recipes.presets import resolve_config
 from ptq_protein.search.metrics import METRIC_VALUES, Metric, Scorer, choose_metric
 from ptq_protein.search.plot import plot_sensitivity
 from ptq_protein.search.units import Unit, UnitKind, make_units
 from ptq_protein.search.workbench import Workbench
+from ptq_protein.support.io_utils import atomic_write_text
 
 __all__ = ["sensitivity", "COLUMNS", "unit_stats"]
 

@@ -18,11 +18,11 @@ from typing import Any, List, Sequence, Tuple, Union
 from torch import nn
 
 from ptq_protein.api import quantize
-from ptq_protein.config import QuantConfig
-from ptq_protein.errors import InputError
 from ptq_protein.eval.bench.fidelity import compare_to_reference, reference_outputs
 from ptq_protein.models.adapters import get_adapter
-from ptq_protein.presets import resolve_config
+from ptq_protein.recipes.config import QuantConfig
+from ptq_protein.recipes.presets import resolve_config
+from ptq_protein.support.errors import InputError
 
 __all__ = ["AlphaTrial", "DEFAULT_ALPHAS", "search_smoothquant_alpha"]
 

@@ -19,16 +19,16 @@ from torch import nn
 
 from ptq_protein.api import CalibrationInfo, QuantState, calibration_sequences
 from ptq_protein.calibration.sites import Site, discover_sites, select_sites, set_module
-from ptq_protein.config import Backend, QuantConfig, RangeMethod, SiteKind, SpecialTokens, TensorQuant
-from ptq_protein.errors import InputError
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.nn.convert import build_quant_linear
 from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.nn.qparams import activation_quantizer, needs_calibration
 from ptq_protein.nn.special_tokens import keep_special_tokens_float_
 from ptq_protein.passes.forwards import run_forwards
+from ptq_protein.passes.site_report import build_report
 from ptq_protein.quant.metrics import sqnr_db
-from ptq_protein.report import build_report
+from ptq_protein.recipes.config import Backend, QuantConfig, RangeMethod, SiteKind, SpecialTokens, TensorQuant
+from ptq_protein.support.errors import InputError
 
 __all__ = ["Workbench", "SiteSpec"]
 

@@ -18,10 +18,10 @@ import torch
 from torch import nn
 
 from ptq_protein.calibration.hessian import input_hessian, linear_call_groups
-from ptq_protein.config import GPTQSpec, TensorQuant
 from ptq_protein.models.adapters import ModelAdapter
 from ptq_protein.quant.fit import quantize_weight
 from ptq_protein.quant.gptq import gptq_quantize
+from ptq_protein.recipes.config import GPTQSpec, TensorQuant
 
 __all__ = ["gptq_model_"]
 

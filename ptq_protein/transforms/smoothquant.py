@@ -18,9 +18,9 @@ from torch import nn
 
 from ptq_protein.calibration.calibrate import calibrate
 from ptq_protein.calibration.sites import Site
-from ptq_protein.config import Granularity, SiteKind, SmoothQuantSpec, TensorQuant
 from ptq_protein.models.adapters import ModelAdapter
 from ptq_protein.quant.smoothing import smoothing_factors
+from ptq_protein.recipes.config import Granularity, SiteKind, SmoothQuantSpec, TensorQuant
 
 __all__ = ["smooth_model_", "input_channel_absmax"]
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Iterable, Optional
 
-from ptq_protein.config import QuantConfig
+from ptq_protein.recipes.config import QuantConfig
 
 __all__ = ["FidelityBound", "recipe_bound", "verdict", "verdict_line"]
 
@@ -83,7 +83,7 @@ def verdict_line(recipe: str, found: Dict[str, Any]) -> str:
 
 
 def _plan_bits(plan: Any) -> Iterable[int]:
-    from ptq_protein.site_plan import UnitChoice
+    from ptq_protein.recipes.site_plan import UnitChoice
 
     for _, choice, _ in plan.units:
         parsed = UnitChoice.parse(choice)

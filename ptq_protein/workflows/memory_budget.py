@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Tuple
 
-from ptq_protein.env_settings import SKIP_MEMORY_CHECK
-from ptq_protein.errors import InputError
-from ptq_protein.io_utils import env_flag
+from ptq_protein.support.env_settings import SKIP_MEMORY_CHECK
+from ptq_protein.support.errors import InputError
+from ptq_protein.support.io_utils import env_flag
 
 __all__ = ["MemoryEstimate", "estimate_quantize_memory", "available_memory_bytes", "resident_bytes", "shortfall",
            "check_fits",

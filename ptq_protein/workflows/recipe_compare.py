@@ -16,11 +16,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from torch import nn
 
 from ptq_protein.api import CalibrationArg, CalibrationPass, calibration_records, crop_sequence, quantize
-from ptq_protein.config import QuantConfig, Scheme, TensorQuant
 from ptq_protein.eval.bench.fidelity import Reference, compare_to_reference, fidelity_sequences
 from ptq_protein.models.adapters import get_adapter
-from ptq_protein.presets import PRESETS, resolve_config
-from ptq_protein.site_plan import MixedPlan, UnitChoice
+from ptq_protein.recipes.config import QuantConfig, Scheme, TensorQuant
+from ptq_protein.recipes.presets import PRESETS, resolve_config
+from ptq_protein.recipes.site_plan import MixedPlan, UnitChoice
 from ptq_protein.workflows.fidelity_bound import recipe_bound, verdict
 
 __all__ = ["ComparisonRow", "FidelitySequences", "known_recipes", "choose_fidelity_sequences", "recipe_row",

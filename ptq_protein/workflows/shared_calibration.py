@@ -27,13 +27,13 @@ from torch import nn
 from ptq_protein.api import CalibrationArg, CalibrationInfo, CalibrationPass, calibration_sequences
 from ptq_protein.calibration.sharing import merge_collection_specs
 from ptq_protein.calibration.sites import Site, discover_sites
-from ptq_protein.config import QuantConfig, TensorQuant
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.mapped import mapped_file_of, release_after_forward
 from ptq_protein.passes.forwards import run_forwards
 from ptq_protein.passes.plan import CalibrationPlan, StudyWatch, plan_calibration, study_can_ride
 from ptq_protein.passes.recipe import resolve_recipe
-from ptq_protein.presets import resolve_config
+from ptq_protein.recipes.config import QuantConfig, TensorQuant
+from ptq_protein.recipes.presets import resolve_config
 
 __all__ = ["calibrate_recipes"]
 

@@ -32,8 +32,6 @@ from torch import nn
 from ptq_protein.api import CalibrationArg, CalibrationInfo, QuantState
 from ptq_protein.calibration.calibrate import collect_stats
 from ptq_protein.calibration.sites import discover_sites
-from ptq_protein.config import QuantConfig
-from ptq_protein.errors import InputError
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.checkpoints import load_torch_checkpoint
 from ptq_protein.models.fair_esm2 import esm2_skeleton, fair_esm2_state, fill_missing_regression
@@ -45,8 +43,10 @@ from ptq_protein.passes.fit_activations import fit_activation_quantizers
 from ptq_protein.passes.plan import CalibrationPlan, plan_calibration
 from ptq_protein.passes.recipe import resolve_recipe
 from ptq_protein.passes.sequences import calibration_sequences
-from ptq_protein.presets import resolve_config
-from ptq_protein.report import build_report
+from ptq_protein.passes.site_report import build_report
+from ptq_protein.recipes.config import QuantConfig
+from ptq_protein.recipes.presets import resolve_config
+from ptq_protein.support.errors import InputError
 
 __all__ = ["quantize_streaming"]
 

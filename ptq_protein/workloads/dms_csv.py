@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Sequence, Tuple, Union
 
-from ptq_protein.errors import InputError
-from ptq_protein.file_reads import regular_file
+from ptq_protein.support.errors import InputError
+from ptq_protein.support.file_reads import regular_file
 
 __all__ = ["DmsTable", "read_dms", "scores_csv", "DMS_SCORE_COLUMN"]
 

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ptq_protein.models.lm_outputs import LMOutputs, lm_forward, lm_info, lm_tokens, normalize_layers
-from ptq_protein.progress import progress
+from ptq_protein.support.progress import progress
 from ptq_protein.workloads.embed_options import INCLUDE_CHOICES, EmbedOptions
 
 __all__ = ["INCLUDE_CHOICES", "EmbedOptions", "EmbedStats", "embed_batch", "sequence_result", "embed_all"]

@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple
 import numpy as np
 import torch
 
-from ptq_protein.io_utils import atomic_file
+from ptq_protein.support.io_utils import atomic_file
 from ptq_protein.workloads.embed_seal import (
     RERUN_FIX,
     UnusableOutput,

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ptq_protein.errors import InputError
 from ptq_protein.models.lm_outputs import LMInfo
+from ptq_protein.support.errors import InputError
 
 __all__ = ["batch_bytes", "fit_batches", "check_budget", "VOCAB"]
 

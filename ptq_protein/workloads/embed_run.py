@@ -17,9 +17,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from torch import nn
 
 from ptq_protein import __version__
-from ptq_protein.errors import InputError
-from ptq_protein.fasta import ESM_AMINO_ACIDS, read_fasta_records
+from ptq_protein.data.fasta import ESM_AMINO_ACIDS, read_fasta_records
 from ptq_protein.models.lm_outputs import lm_info, normalize_layers
+from ptq_protein.support.errors import InputError
 from ptq_protein.workflows.memory_budget import process_budget, resident_bytes
 from ptq_protein.workloads.embed import EmbedOptions, EmbedStats, embed_all
 from ptq_protein.workloads.embed_memory import fit_batches

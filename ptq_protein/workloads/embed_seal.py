@@ -4,7 +4,7 @@ A file name proves nothing: a ``LABEL.pt`` copied in from another model's folder
 truncated one or a pickle named ``.pt`` all look written. So every output carries a
 *seal*: the identity of its run (as ``embed_run.json`` records it: model and its
 digests, options, FASTA digest), its label(s), and the digest of its tensors
-(:func:`~ptq_protein.artifact_seal.tensors_sha256`).
+(:func:`~ptq_protein.artifact.seal.tensors_sha256`).
 
 - ``LABEL.pt``: the zip archive ``torch.save`` writes, plus one record
   ``<archive>/ptq_protein_embed.json``. ``torch.load`` ignores records it does not
@@ -29,10 +29,10 @@ from typing import Any, Dict, Mapping
 
 import torch
 
-from ptq_protein.artifact_seal import tensors_sha256
-from ptq_protein.errors import InputError
-from ptq_protein.io_utils import safe_stem
-from ptq_protein.run_manifest import identity_difference
+from ptq_protein.artifact.seal import tensors_sha256
+from ptq_protein.support.errors import InputError
+from ptq_protein.support.io_utils import safe_stem
+from ptq_protein.workloads.run_manifest import identity_difference
 
 __all__ = ["SEAL_RECORD", "RERUN_FIX", "UnusableOutput", "label_stem", "result_sha256", "pt_bytes", "pt_seal",
            "check_identity", "check_name", "load_pt", "check_result"]
@@ -47,7 +47,7 @@ class UnusableOutput(InputError):
 
 def label_stem(label: str) -> str:
     """The file stem of a label: the label itself where it is a plain file name (as ``extract.py``), else
-    :func:`~ptq_protein.io_utils.safe_stem` (a ``/`` would make a folder, a leading ``.`` a hidden file).
+    :func:`~ptq_protein.support.io_utils.safe_stem` (a ``/`` would make a folder, a leading ``.`` a hidden file).
 
     Distinct labels get distinct stems: a kept label holds no ``~``, and every stem ``safe_stem`` makes
     for a label it changes ends in ``~`` and a digest of the label.

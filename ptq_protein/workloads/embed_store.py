@@ -26,10 +26,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set
 
-from ptq_protein.digests import records_digest
-from ptq_protein.errors import InputError
-from ptq_protein.io_utils import atomic_write_bytes, file_lock
-from ptq_protein.run_manifest import RunManifest, plain_json
+from ptq_protein.support.digests import records_digest
+from ptq_protein.support.errors import InputError
+from ptq_protein.support.io_utils import atomic_write_bytes, file_lock
 from ptq_protein.workloads import embed_h5
 from ptq_protein.workloads.embed_options import FORMATS
 from ptq_protein.workloads.embed_seal import (
@@ -41,6 +40,7 @@ from ptq_protein.workloads.embed_seal import (
     pt_bytes,
     pt_seal,
 )
+from ptq_protein.workloads.run_manifest import RunManifest, plain_json
 from ptq_protein.workloads.shards import Shard
 
 __all__ = ["MANIFEST", "EmbedFolder", "records_digest", "label_stem", "read_embeddings"]

@@ -3,7 +3,7 @@
 fair-esm's ``examples/variant-prediction/predict.py`` reads ``A24G`` as wild-type
 ``A``, position ``24 - offset_idx`` (0-based) in ``--sequence``, mutant ``G``, and
 asserts that the sequence holds ``A`` there. Here the same arithmetic applies, but
-a mismatch is an :class:`~ptq_protein.errors.InputError` naming the mutant, so a
+a mismatch is an :class:`~ptq_protein.support.errors.InputError` naming the mutant, so a
 whole DMS file is checked before any model runs. Multi-mutants join single
 substitutions with ``:`` (ProteinGym's convention); each position may appear once.
 """
@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from ptq_protein.errors import InputError
-from ptq_protein.fasta import ESM_AMINO_ACIDS, STANDARD_AMINO_ACIDS
+from ptq_protein.data.fasta import ESM_AMINO_ACIDS, STANDARD_AMINO_ACIDS
+from ptq_protein.support.errors import InputError
 
 __all__ = ["Substitution", "Mutant", "parse_mutant", "parse_mutants", "single_mutants", "mutate",
            "AMINO_ACIDS", "DEFAULT_OFFSET"]

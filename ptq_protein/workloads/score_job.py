@@ -17,9 +17,9 @@ from typing import Optional, Tuple, Union
 
 from torch import nn
 
-from ptq_protein.errors import InputError
-from ptq_protein.fasta import ESM2_MAX_RESIDUES, validate_sequence
-from ptq_protein.io_utils import atomic_write_text, check_out_path
+from ptq_protein.data.fasta import ESM2_MAX_RESIDUES, validate_sequence
+from ptq_protein.support.errors import InputError
+from ptq_protein.support.io_utils import atomic_write_text, check_out_path
 from ptq_protein.workloads.dms_csv import read_dms, scores_csv
 from ptq_protein.workloads.mutants import AMINO_ACIDS, DEFAULT_OFFSET, Mutant, parse_mutants, single_mutants
 from ptq_protein.workloads.variant_heatmap import can_plot, plot_variant_heatmap

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
-from ptq_protein.errors import InputError
+from ptq_protein.support.errors import InputError
 
 __all__ = ["Shard", "parse_shard", "shard_from_env", "choose_shard", "rank_device"]
 

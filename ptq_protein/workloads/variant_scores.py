@@ -34,7 +34,7 @@ from torch import nn
 
 from ptq_protein.models.lm_outputs import lm_forward, lm_info, lm_tokens
 from ptq_protein.models.tokens import esm_vocab
-from ptq_protein.progress import progress as progress_of
+from ptq_protein.support.progress import progress as progress_of
 from ptq_protein.workloads.mutants import AMINO_ACIDS, Mutant, mutate
 from ptq_protein.workloads.score_strategy import DEFAULT_TOKS_PER_BATCH, Strategy
 from ptq_protein.workloads.token_batches import token_batches

@@ -1,7 +1,7 @@
 """One entry point for the benchmarks: ``python -m scripts.bench NAME [args...]`` runs that bench's ``main``.
 
     python -m scripts.bench --list                  # every name and what it measures
-    python -m scripts.bench onnx --quick            # same as: python scripts/bench_onnx.py --quick
+    python -m scripts.bench onnx --quick            # same as: python -m scripts.bench onnx --quick
     python -m scripts.bench embed --quick           # the bench package's own benches: scripts/bench/embed.py
 
 Run it from the repository root. Older benches are still files of their own (``scripts/bench_X.py``, runnable
@@ -20,27 +20,27 @@ from typing import Dict, Optional, Sequence
 SCRIPTS = Path(__file__).resolve().parents[1]
 
 BENCHES: Dict[str, str] = {  # name -> module (importable with scripts/ on sys.path) with main(argv) -> exit code
-    "quantize": "bench_quantize",
-    "artifact_size": "bench_artifact_size",
-    "gptq": "bench_gptq",
-    "special_tokens": "bench_special_tokens",
-    "fidelity_pwlq_int": "fidelity_pwlq_int",
-    "study_vs_ours": "bench_study_vs_ours",
-    "study_pass": "bench_study_pass",
-    "search": "bench_search",
-    "memory": "bench_memory",
-    "cpu_int8": "bench_cpu_int8",
-    "onnx": "bench_onnx",
-    "long_fold": "bench_long_fold",
-    "small_commands": "bench_small_commands",
-    "tmscore": "bench_tmscore",
+    "quantize": "bench.quantize",
+    "artifact_size": "bench.artifact_size",
+    "gptq": "bench.gptq",
+    "special_tokens": "bench.special_tokens",
+    "fidelity_pwlq_int": "bench.fidelity_pwlq_int",
+    "study_vs_ours": "bench.study_vs_ours",
+    "study_pass": "bench.study_pass",
+    "search": "bench.search",
+    "memory": "bench.memory",
+    "cpu_int8": "bench.cpu_int8",
+    "onnx": "bench.onnx",
+    "long_fold": "bench.long_fold",
+    "small_commands": "bench.small_commands",
+    "tmscore": "bench.tmscore",
     "embed": "bench.embed",
     "score": "bench.score",
     "embed_memory": "bench.embed_memory",
     "onednn_reorders": "bench.onednn_reorders",
-    "esmc_embed": "bench_esmc_embed",
-    "esmc_study": "bench_esmc_study",
-    "kernels": "bench_kernels",
+    "esmc_embed": "bench.esmc_embed",
+    "esmc_study": "bench.esmc_study",
+    "kernels": "bench.kernels",
     "gpu_check": "gpu_check",
 }
 

@@ -273,3 +273,12 @@ def best_rates(rows: Dict[str, Callable[[], int]], threads: int, reps: int) -> D
             residues = run()
             best[name] = max(best.get(name, 0.0), residues / (time.perf_counter() - start))
     return {name: (rate, getattr(rows[name], "padding", float("nan"))) for name, rate in best.items()}
+
+
+def module_child(path: str) -> List[str]:
+    """The command that runs the bench module at ``path`` as a child process: by module name, ``scripts/`` on the
+    path (run as a file, its own folder would come first on ``sys.path``, and ``bench/onnx.py`` or
+    ``bench/kernels.py`` would shadow the installed packages of those names)."""
+    module = f"bench.{Path(path).stem}"
+    return [sys.executable, "-c", f"import runpy, sys; sys.path.insert(0, {str(SCRIPTS)!r}); "
+            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"]

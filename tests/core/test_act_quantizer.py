@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from ptq_protein.config import Scheme, TensorQuant
 from ptq_protein.nn.modules import ActQuantizer
 from ptq_protein.quant.pwlq import asymmetric_pwlq, pwlq_from_breakpoints, symmetric_pwlq
+from ptq_protein.recipes.config import Scheme, TensorQuant
 
 
 def _inputs(dtype):

@@ -8,7 +8,7 @@ import pytest
 
 import ptq_protein as pp
 from ptq_protein.cli.main import main
-from ptq_protein.errors import InputError
+from ptq_protein.support.errors import InputError
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import torch
 from safetensors.torch import load_file
 
 import ptq_protein as pp
-from ptq_protein.errors import ArtifactError
 from ptq_protein.models.adapters import get_adapter
+from ptq_protein.support.errors import ArtifactError
 
 
 def _out(model, seqs):
@@ -92,7 +92,7 @@ def test_versions_come_from_metadata_without_importing_optional_libraries():
     import subprocess
     import sys
 
-    code = ("import json, sys\nfrom ptq_protein.artifact import _versions\nv = _versions()\n"
+    code = ("import json, sys\nfrom ptq_protein.artifact.save_load import _versions\nv = _versions()\n"
             "print(json.dumps([v, 'transformers' in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     versions, imported = json.loads(out)

@@ -16,7 +16,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import ptq_protein as pp
-from ptq_protein.errors import ArtifactError
+from ptq_protein.support.errors import ArtifactError
 
 SEQS = ["MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQ", "MENDELKKLLAAGHRW", "GSHMLEDPVAGVSKEELLKLAEEAR"]
 

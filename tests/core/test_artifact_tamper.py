@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import ptq_protein as pp
-from ptq_protein.errors import ArtifactError
+from ptq_protein.support.errors import ArtifactError
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import ptq_protein as pp
-from ptq_protein.artifact_tensors import read_tensors
-from ptq_protein.errors import ArtifactError
+from ptq_protein.artifact.tensors import read_tensors
+from ptq_protein.support.errors import ArtifactError
 
 
 def _every_dtype() -> dict:
@@ -60,7 +60,7 @@ def test_loaded_model_holds_the_read_tensors_not_copies_of_them(esm2, seqs, tmp_
     """The load adopts each read tensor: one copy of the weights in memory, never a shell tensor left on meta."""
     q = pp.quantize(esm2, "w8a8-uniform", calibration=seqs)
     pp.save(q, tmp_path / "a")
-    import ptq_protein.artifact as artifact
+    import ptq_protein.artifact.save_load as artifact
 
     read = {}
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import ptq_protein as pp
-from ptq_protein.config import Backend
 from ptq_protein.nn import backend_choice, cpu_int8
+from ptq_protein.recipes.config import Backend
 
 
 @pytest.mark.parametrize("mode, want", [("native", Backend.INT8), ("split", Backend.INT8), (None, Backend.FAKE)])

@@ -7,12 +7,12 @@ import torch
 from safetensors.torch import load_file
 
 import ptq_protein as pp
-from ptq_protein.config import FP8Format, GPTQSpec, QuantConfig, Scheme, SmoothQuantSpec, TensorQuant
-from ptq_protein.errors import InputError
 from ptq_protein.eval.bench.fidelity import relative_error
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.nn.modules import QuantLinear
 from ptq_protein.recipes.baselines import PRESETS as BASELINES
+from ptq_protein.recipes.config import FP8Format, GPTQSpec, QuantConfig, Scheme, SmoothQuantSpec, TensorQuant
+from ptq_protein.support.errors import InputError
 
 # One per kernel path (uniform int8, PWLQ x int8 codes, PWLQ x int4 codes); Triton runs interpreted on CPU.
 INTEGER = ["w8a8-smoothquant", "w8a8-smoothquant-pwlq", "w4a8-gptq-pwlq"]

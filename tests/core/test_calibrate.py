@@ -6,9 +6,9 @@ from torch import nn
 
 from ptq_protein.calibration import calibrate as cal
 from ptq_protein.calibration.sites import Site, discover_sites, select_sites
-from ptq_protein.config import RangeMethod, SiteKind, TensorQuant
 from ptq_protein.models.adapters import get_adapter
-from ptq_protein.presets import PRESETS
+from ptq_protein.recipes.config import RangeMethod, SiteKind, TensorQuant
+from ptq_protein.recipes.presets import PRESETS
 
 
 def _state_of(stats):
@@ -86,7 +86,7 @@ def test_sites_with_other_specs_do_not_share(monkeypatch):
 
 def test_per_channel_ranges_ignore_padding(esm2, seqs):
     """Per-channel extremes from padded batches (per-sequence views) equal those of one sequence at a time."""
-    from ptq_protein.config import Granularity
+    from ptq_protein.recipes.config import Granularity
 
     spec = TensorQuant(granularity=Granularity.PER_CHANNEL, symmetric=False)
     adapter = get_adapter(esm2)

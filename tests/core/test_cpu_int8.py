@@ -298,7 +298,7 @@ def test_fake_and_int8_sites_agree_on_padded_batch(padded_tokens, preset):
     rounding tie of the *next* quantizer then gets the neighbouring code, which
     later layers amplify. Both are checked here on a padded batch.
     """
-    from ptq_protein.config import Backend
+    from ptq_protein.recipes.config import Backend
 
     model, seqs, tokens = padded_tokens
     real = set_engine(pp.quantize(model, preset, calibration=seqs, backend="int8"), "onednn")
@@ -325,7 +325,7 @@ def _int8_forward_warnings(qmodel, tokens):
 
 def test_site_without_onednn_kernel_runs_float_and_says_why(padded_tokens):
     """Dynamic PWLQ inputs: no oneDNN kernel, so the fake backend's product, one warning line."""
-    from ptq_protein.config import Backend
+    from ptq_protein.recipes.config import Backend
 
     model, seqs, tokens = padded_tokens
     qmodel = pp.quantize(model, "w8a8-pwlq-dynamic", backend="int8")

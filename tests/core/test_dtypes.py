@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 import ptq_protein as pp
-from ptq_protein.config import TensorQuant
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.nn.modules import ActQuantizer, QuantLinear
+from ptq_protein.recipes.config import TensorQuant
 
 DTYPES = [torch.float16, torch.bfloat16]
 

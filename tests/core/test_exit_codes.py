@@ -62,9 +62,9 @@ def test_a_damaged_run_folder_is_one_line_naming_the_file(tmp_path, capsys, dama
 
 
 def test_a_deep_fold_index_and_run_record_name_their_file(tmp_path):
-    from ptq_protein.errors import InputError
     from ptq_protein.eval.bench.folding import _read_index
     from ptq_protein.eval.bench.results_store import check_run_info
+    from ptq_protein.support.errors import InputError
 
     (tmp_path / "fold_index.json").write_text(_deep_json())
     with pytest.raises(InputError, match="fold_index.json is not readable JSON"):
@@ -134,7 +134,7 @@ def test_fold_takes_sequences_over_1022_residues_with_a_note(tmp_path, capsys, m
 
 
 def test_a_failed_atomic_write_names_the_destination_not_its_temp_file():
-    from ptq_protein.io_utils import atomic_write_bytes
+    from ptq_protein.support.io_utils import atomic_write_bytes
 
     with pytest.raises(OSError) as err:
         atomic_write_bytes("/proc/ptq-x.onnx", b"x")

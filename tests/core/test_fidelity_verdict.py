@@ -12,7 +12,7 @@ import pytest
 
 import ptq_protein as pp
 from ptq_protein.cli.main import main
-from ptq_protein.presets import get_preset
+from ptq_protein.recipes.presets import get_preset
 from ptq_protein.workflows.fidelity_bound import recipe_bound, verdict
 
 SEQS = ["MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQ", "MENDELKKLLAAGHRW", "GSHMLEDPVAGVSKEELLKLAEEAR"]

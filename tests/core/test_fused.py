@@ -5,11 +5,11 @@ import logging
 import pytest
 import torch
 
-from ptq_protein.config import Granularity, Scheme, TensorQuant
 from ptq_protein.nn import fused
 from ptq_protein.nn.modules import ActQuantizer
 from ptq_protein.quant.codebook import codebook_step_function, pwlq_fake_quantize
 from ptq_protein.quant.pwlq import asymmetric_pwlq, pwlq_from_breakpoints
+from ptq_protein.recipes.config import Granularity, Scheme, TensorQuant
 
 CODEBOOKS = [asymmetric_pwlq(3.0, 1.0, 20.0, 4.0, 8),  # 4 regions: the presets' shape
              pwlq_from_breakpoints([1.0, 3.0], [0.5, 2.0, 6.0], 9.0, 30.0, 8),  # 7 regions, padded to 8

@@ -46,7 +46,7 @@ def test_every_preset_artifact_matches_its_golden_digest():
         got = golden.compute()  # pins one thread: digests must not depend on the thread count
     finally:
         torch.set_num_threads(threads)
-    from ptq_protein.presets import PRESETS
+    from ptq_protein.recipes.presets import PRESETS
 
     assert {k.split("/")[1] for k in got if "+" not in k} == set(PRESETS), "a preset has no case"
     assert sorted(got) == sorted(record), "the cases changed: regenerate the goldens on the code before the change"

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import ptq_protein as pp
-from ptq_protein.errors import InputError
+from ptq_protein.support.errors import InputError
 
 
 @pytest.mark.parametrize("value", [-5, 0, 2.5, True])

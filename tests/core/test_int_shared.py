@@ -22,13 +22,13 @@ import pytest
 import torch
 
 import ptq_protein as pp
-from ptq_protein.config import Backend, Granularity, Scheme, TensorQuant
 from ptq_protein.kernels.reference import int_matmul
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.tiny import tiny_esm2
 from ptq_protein.nn import cpu_int8, int_fast
 from ptq_protein.nn.int_fast import encode_codes
 from ptq_protein.nn.modules import ActQuantizer, QuantLinear
+from ptq_protein.recipes.config import Backend, Granularity, Scheme, TensorQuant
 
 pytestmark = pytest.mark.skipif(not cpu_int8.available(), reason=cpu_int8.reason())
 

@@ -200,7 +200,7 @@ def test_layers_the_executor_cannot_run_take_the_modules(why):
 
 
 def test_fake_backend_never_takes_the_executor():
-    from ptq_protein.config import Backend
+    from ptq_protein.recipes.config import Backend
 
     model = _quantized("fair-esm")
     for m in model.modules():

@@ -50,7 +50,7 @@ def test_streaming_equals_default_mode_bit_for_bit(tmp_path, recipe):
 @pytest.mark.parametrize("recipe, why", [("w8a8-smoothquant-pwlq", "change the model"),
                                          ("study-w8", "the study's own pipeline")])
 def test_streaming_refuses_a_recipe_whose_passes_it_cannot_stream(tmp_path, recipe, why):
-    from ptq_protein.errors import InputError
+    from ptq_protein.support.errors import InputError
 
     path = _write_fair_esm2(tmp_path / "esm2_t6_8M_UR50D.pt")
     with pytest.raises(InputError, match=f"{why}.*without --low-memory"):
@@ -204,7 +204,7 @@ def test_release_keeps_the_pages_of_a_weight_edited_in_place(tmp_path):
 
 def _edits_the_model(name):
     from ptq_protein.passes.recipe import resolve_recipe
-    from ptq_protein.presets import get_preset
+    from ptq_protein.recipes.presets import get_preset
 
     cfg = get_preset(name)
     return any(p.needs(cfg, []).changes_model for p in resolve_recipe(cfg).passes)

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import ptq_protein as pp
-from ptq_protein.config import QuantConfig
 from ptq_protein.models.adapters import HFEsmFoldAdapter
 from ptq_protein.nn.pair_int8 import Int8Pair, holder, pair_bits_of, use_pair_int8
+from ptq_protein.recipes.config import QuantConfig
 
 LONG = "MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQAPILSRVGDGTQDNLSGAEKAVQVKVKALPDAQ"  # 66 residues
 

@@ -4,7 +4,7 @@ import platform
 
 import pytest
 
-from ptq_protein import process_memory
+from ptq_protein.support import process_memory
 
 glibc = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
 
@@ -32,7 +32,7 @@ def test_no_glibc_means_no_call(monkeypatch):
 
 _FAULTS = """
 import resource, sys, torch
-from ptq_protein import process_memory
+from ptq_protein.support import process_memory
 mode = sys.argv[1]
 
 def batch(tokens):  # a layer's activations, of a size that changes with the batch

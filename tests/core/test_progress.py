@@ -2,12 +2,12 @@
 
 import logging
 
-from ptq_protein import progress as progress_module
-from ptq_protein.progress import progress
+from ptq_protein.support import progress as progress_module
+from ptq_protein.support.progress import progress
 
 
 def test_log_lines_every_tenth_with_eta(caplog):
-    with caplog.at_level(logging.INFO, logger="ptq_protein.progress"):
+    with caplog.at_level(logging.INFO, logger="ptq_protein.support.progress"):
         assert list(progress(list(range(20)), "calibrating", "batches", terminal=False)) == list(range(20))
     lines = [r.getMessage() for r in caplog.records]
     assert lines[0] == "calibrating: 0/20 batches"
@@ -18,7 +18,7 @@ def test_log_lines_every_tenth_with_eta(caplog):
 def test_slow_steps_log_at_least_every_interval(caplog, monkeypatch):
     clock = iter(range(0, 10_000, 40))  # every step takes 40 s, over LINE_EVERY_S
     monkeypatch.setattr(progress_module.time, "perf_counter", lambda: next(clock))
-    with caplog.at_level(logging.INFO, logger="ptq_protein.progress"):
+    with caplog.at_level(logging.INFO, logger="ptq_protein.support.progress"):
         list(progress(list(range(100)), "folding", "sequences", terminal=False))
     assert len(caplog.records) == 101  # every step is a line once steps are slower than the interval
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import ptq_protein as pp
-from ptq_protein.config import QuantConfig, SiteKind, TensorQuant
-from ptq_protein.errors import InputError
 from ptq_protein.eval.bench.fidelity import relative_error
 from ptq_protein.models.adapters import get_adapter
-from ptq_protein.presets import PRESETS
+from ptq_protein.recipes.config import QuantConfig, SiteKind, TensorQuant
+from ptq_protein.recipes.presets import PRESETS
+from ptq_protein.support.errors import InputError
 
 
 def _logits(model, seqs):

@@ -10,8 +10,8 @@ import pytest
 
 import ptq_protein as pp
 from ptq_protein.cli.main import main
-from ptq_protein.errors import InputError
-from ptq_protein.io_utils import atomic_dir, check_out_path, safe_stem
+from ptq_protein.support.errors import InputError
+from ptq_protein.support.io_utils import atomic_dir, check_out_path, safe_stem
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import torch
 
 import ptq_protein as pp
 from ptq_protein.calibration.sharing import StatsNeeds, merge_collection_specs
-from ptq_protein.config import Granularity, RangeMethod, Scheme, TensorQuant
 from ptq_protein.models.adapters import get_adapter
+from ptq_protein.recipes.config import Granularity, RangeMethod, Scheme, TensorQuant
 from ptq_protein.workflows import shared_calibration
 
 

@@ -15,10 +15,10 @@ from torch.nn import functional as F
 
 import ptq_protein as pp
 from ptq_protein.calibration.masks import special_positions
-from ptq_protein.config import QuantConfig, SpecialTokens
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.nn.modules import ActQuantizer, QuantLinear
-from ptq_protein.presets import resolve_config
+from ptq_protein.recipes.config import QuantConfig, SpecialTokens
+from ptq_protein.recipes.presets import resolve_config
 
 SITE = "layers.1.self_attn_layer_norm"  # tiny-esm2: its input (the residual stream) carries the BOS/EOS outliers
 LINEAR = "layers.0.self_attn.q_proj"

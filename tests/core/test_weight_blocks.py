@@ -12,11 +12,11 @@ import pytest
 import torch
 from torch import nn
 
-from ptq_protein.config import Granularity, QuantConfig, Scheme, TensorQuant
 from ptq_protein.nn.convert import build_quant_linear, weight_sqnr_db
 from ptq_protein.quant.metrics import BLOCK_VALUES, sqnr_db
 from ptq_protein.quant.observers import all_finite
 from ptq_protein.quant.uniform import choose_qparams, qrange, quantize
+from ptq_protein.recipes.config import Granularity, QuantConfig, Scheme, TensorQuant
 
 WEIGHT_SPECS = {
     "int8 per-channel symmetric": TensorQuant(bits=8, granularity=Granularity.PER_CHANNEL),

@@ -7,13 +7,13 @@ import warnings
 import numpy as np
 import pytest
 
-from ptq_protein.errors import InputError
+from ptq_protein.data.fasta import read_fasta
 from ptq_protein.eval.structure import Structure
 from ptq_protein.eval.tmscore import tm_score
-from ptq_protein.fasta import read_fasta
-from ptq_protein.io_utils import env_flag
+from ptq_protein.recipes.site_plan import MixedPlan
 from ptq_protein.search.metrics import Metric, choose_metric
-from ptq_protein.site_plan import MixedPlan
+from ptq_protein.support.errors import InputError
+from ptq_protein.support.io_utils import env_flag
 from ptq_protein.workflows.recipe_compare import plan_widths
 
 LETTERS = np.array(list("ACDEFGHIKLMNPQRSTVWY"))
@@ -100,7 +100,7 @@ def test_fasta_from_a_device_or_folder_says_so(tmp_path):
 
 def test_did_you_mean_for_models_and_presets():
     from ptq_protein.models.loading import load_model
-    from ptq_protein.presets import get_preset
+    from ptq_protein.recipes.presets import get_preset
 
     with pytest.raises(InputError, match="did you mean 'esm2_t6_8M_UR50D'"):
         load_model("esm2_t6_8M")

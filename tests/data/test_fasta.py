@@ -4,8 +4,7 @@ import gzip
 
 import pytest
 
-from ptq_protein.errors import InputError
-from ptq_protein.fasta import (
+from ptq_protein.data.fasta import (
     ESM2_MAX_RESIDUES,
     STANDARD_AMINO_ACIDS,
     read_fasta,
@@ -13,6 +12,7 @@ from ptq_protein.fasta import (
     validate_sequence,
     write_fasta,
 )
+from ptq_protein.support.errors import InputError
 
 
 def _one_line_error(excinfo) -> str:
@@ -125,7 +125,7 @@ def test_write_fasta_round_trips_atomically(tmp_path):
 
 
 def test_changes_say_what_reading_changed_per_sequence():
-    from ptq_protein.fasta import read_fasta
+    from ptq_protein.data.fasta import read_fasta
 
     changes = {}
     records = read_fasta(">a\nmkT*\n>b\nACD\n>a\nac\n", duplicates="rename", changes=changes)

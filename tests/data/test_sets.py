@@ -18,7 +18,7 @@ from ptq_protein.data.sets import (
     parse_set_spec,
     read_structure_text,
 )
-from ptq_protein.errors import ArtifactError, InputError
+from ptq_protein.support.errors import ArtifactError, InputError
 
 THREE_TO_ONE = {"ALA": "A", "ARG": "R", "ASN": "N", "ASP": "D", "CYS": "C", "GLN": "Q", "GLU": "E", "GLY": "G",
                 "HIS": "H", "ILE": "I", "LEU": "L", "LYS": "K", "MET": "M", "PHE": "F", "PRO": "P", "SER": "S",

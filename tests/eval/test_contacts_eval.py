@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ptq_protein.errors import InputError
 from ptq_protein.eval.atoms import ATOM37_INDEX
 from ptq_protein.eval.contacts import SEPARATION_RANGES, contact_map, contact_precision, virtual_cb
 from ptq_protein.eval.structure import Structure
+from ptq_protein.support.errors import InputError
 
 RANGES = {name: (low, high) for name, low, high in SEPARATION_RANGES}
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from eval_testlib import ca_residues, pdb_lines, random_walk
 
-from ptq_protein.errors import InputError
 from ptq_protein.eval.contacts import contact_precision
 from ptq_protein.eval.lddt import lddt
 from ptq_protein.eval.structure import load_structure
 from ptq_protein.eval.tmscore import tm_score
+from ptq_protein.support.errors import InputError
 
 
 def _text(lines: list) -> str:

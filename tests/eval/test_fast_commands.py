@@ -99,14 +99,14 @@ def test_array_api_compat_numpy_gives_the_same_scores(bundled_pairs, monkeypatch
 
 
 def test_bench_small_commands_prints_its_table(capsys):
-    """scripts/bench_small_commands.py: every row timed, a baseline commit extracted and run (no timing asserted)."""
+    """scripts/bench/small_commands.py: every row timed, a baseline commit extracted and run (no timing asserted)."""
     import importlib.util
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[2]
     if not (repo / ".git").exists():
         pytest.skip("--baseline needs a git checkout")
-    path = repo / "scripts" / "bench_small_commands.py"
+    path = repo / "scripts" / "bench" / "small_commands.py"
     spec = importlib.util.spec_from_file_location("bench_small_commands", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

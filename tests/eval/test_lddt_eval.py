@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from eval_testlib import random_walk
 
-from ptq_protein.errors import InputError
 from ptq_protein.eval.atoms import AMBIGUOUS_ATOM_SWAPS, ATOM37_INDEX
 from ptq_protein.eval.lddt import LDDTMode, lddt
 from ptq_protein.eval.structure import Structure
+from ptq_protein.support.errors import InputError
 
 
 def dense_reference(model_xyz, native_xyz, residue_of, cutoff=15.0, thresholds=(0.5, 1, 2, 4)):

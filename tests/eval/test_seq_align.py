@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ptq_protein.errors import InputError
 from ptq_protein.eval.align import Pairing, global_align, pair_residues
 from ptq_protein.eval.structure import Structure
+from ptq_protein.support.errors import InputError
 
 AMINO = list("ACDEFGHIKLMNPQRSTVWY")
 

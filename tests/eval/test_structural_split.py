@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ptq_protein.errors import InputError
 from ptq_protein.eval.bench.structural_split import read_structural_split, study_contact_precisions
+from ptq_protein.support.errors import InputError
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 AA = "ACDEFGHIKLMNPQRSTVWY"

@@ -7,10 +7,10 @@ import pytest
 import torch
 from eval_testlib import ca_residues, pdb_lines, random_rotation, random_walk
 
-from ptq_protein.errors import InputError
 from ptq_protein.eval.structure import Structure, load_structure
 from ptq_protein.eval.tmscore import TMScoreResult, tm_score, tm_score_batch
 from ptq_protein.eval.tmsearch import d0_from_length, seed_lengths
+from ptq_protein.support.errors import InputError
 
 
 def test_identity_scores_one(full_native):

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from eval_testlib import DATA, STRUCTURES
 
-from ptq_protein.errors import InputError
 from ptq_protein.eval.tmscore import TMNormalize, paired_ca, tm_score, tm_score_batch
+from ptq_protein.support.errors import InputError
 
 TM_TOLERANCE = 0.01  # as test_tmscore_golden: every pair
 TM_MEAN_TOLERANCE = 0.002

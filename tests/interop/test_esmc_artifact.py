@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import ptq_protein as pp
-from ptq_protein.artifact_hf import no_class_message
+from ptq_protein.artifact.hf_files import no_class_message
 from ptq_protein.models.tokens import tokenize_esmc
 
 
@@ -42,8 +42,8 @@ def test_card_names_the_source_release_and_no_transformers_snippet(artifact):
 
 
 def test_load_model_names_it_an_artifact(artifact):
-    from ptq_protein.errors import InputError
     from ptq_protein.models.loading import load_model
+    from ptq_protein.support.errors import InputError
 
     with pytest.raises(InputError, match="is a ptq-protein artifact") as err:
         load_model(artifact)

@@ -85,7 +85,7 @@ def test_no_local_path_in_what_push_to_hub_uploads(hf_esm2, calib_seqs, tmp_path
                                            ("facebook/esm2_t6_8M_UR50D", "facebook/esm2_t6_8M_UR50D"),
                                            ("tiny:tiny-esm2:seed=0", "tiny:tiny-esm2:seed=0"), ("", ""), (None, None)])
 def test_public_source(value, public):
-    from ptq_protein.io_utils import public_source
+    from ptq_protein.support.io_utils import public_source
 
     assert public_source(value) == public
 

@@ -10,8 +10,8 @@ import torch
 from transformers import AutoModelForMaskedLM, EsmForMaskedLM, EsmForProteinFolding, EsmModel
 
 import ptq_protein as pp
-from ptq_protein.errors import ArtifactError
 from ptq_protein.models.tiny import esm_tokenizer
+from ptq_protein.support.errors import ArtifactError
 
 
 def _batch(seqs):

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import ptq_protein as pp
-from ptq_protein.errors import InputError
 from ptq_protein.models.adapters import get_adapter
+from ptq_protein.support.errors import InputError
 
 pytest.importorskip("onnxruntime")
 from ptq_protein.interop.onnx_export import export_onnx, ort_session  # noqa: E402
@@ -209,9 +209,9 @@ def test_cli_export(esm2, seqs, tmp_path, capsys):
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_one_site_is_exact_in_onnx_runtime(tmp_path, dynamic):
     """Per site, given the same input, ORT decodes the same codes: only the GEMM's float summation differs."""
-    from ptq_protein.config import Granularity, TensorQuant
     from ptq_protein.interop.onnx_qdq import OnnxLinear, SpecialRows
     from ptq_protein.nn.modules import ActQuantizer, QuantLinear
+    from ptq_protein.recipes.config import Granularity, TensorQuant
 
     gen = torch.Generator().manual_seed(3)
     if dynamic:

@@ -1,4 +1,4 @@
-"""scripts/bench_kernels.py: the --quick smoke run works end to end on CPU (interpreter)."""
+"""scripts/bench/kernels.py: the --quick smoke run works end to end on CPU (interpreter)."""
 
 import importlib.util
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_kernels.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "kernels.py"
 
 
 def _load():

@@ -6,8 +6,8 @@ import pickle
 import pytest
 import torch
 
-from ptq_protein.errors import InputError
 from ptq_protein.models.checkpoints import Unloaded, file_sha256, load_torch_checkpoint
+from ptq_protein.support.errors import InputError
 
 EXECUTED = []
 

@@ -14,12 +14,12 @@ import torch
 from safetensors.torch import load_file
 from torch.overrides import TorchFunctionMode
 
-from ptq_protein.errors import InputError, MissingWeightsError
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.esmc import ESMC
 from ptq_protein.models.lm_outputs import lm_tokens
 from ptq_protein.models.loading import ModelFamily, load_model, locate_weights
 from ptq_protein.models.tokens import ESMC_VOCAB, esm_vocab, tokenize_esmc
+from ptq_protein.support.errors import InputError, MissingWeightsError
 
 DATA = Path(__file__).parent / "data" / "esmc_reference"
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "esmc_reference.py"

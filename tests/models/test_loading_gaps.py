@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ptq_protein.errors import InputError
 from ptq_protein.models import ModelFamily, load_model, tiny_esm2, tiny_esmfold_config
 from ptq_protein.models.checkpoints import load_torch_checkpoint, plain_config
 from ptq_protein.models.esmfold_convert import hf_esmfold_to_fair
+from ptq_protein.support.errors import InputError
 
 DATA = Path(__file__).with_name("data")
 FOLD_SEQUENCE = "MKTAYIAKQ"

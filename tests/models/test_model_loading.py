@@ -6,9 +6,9 @@ import logging
 import pytest
 import torch
 
-from ptq_protein.errors import InputError, MissingWeightsError
 from ptq_protein.models import ModelFamily, load_model, tiny_esm2, tiny_esmfold, tiny_esmfold_config, tiny_hf_esm2
 from ptq_protein.models.checkpoints import file_sha256
+from ptq_protein.support.errors import InputError, MissingWeightsError
 
 SEQUENCES = ["MKTAYIAKQRQISFVKSHFSRQ", "GSHMLEDPV"]
 FOLD_SEQUENCE = "MKTAYIAKQ"

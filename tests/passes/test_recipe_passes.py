@@ -4,12 +4,12 @@ import pytest
 
 import ptq_protein as pp
 from ptq_protein.calibration.sites import discover_sites
-from ptq_protein.config import SiteKind
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.passes import recipe as recipe_mod
 from ptq_protein.passes.base import Needs
 from ptq_protein.passes.plan import plan_calibration
 from ptq_protein.passes.recipe import resolve_recipe
+from ptq_protein.recipes.config import SiteKind
 from ptq_protein.workflows.shared_calibration import calibrate_recipes
 
 pytest.importorskip("esm")

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from ptq_protein.config import FP8Format
 from ptq_protein.quant.fp8 import FP8_DTYPES, fp8_fake_quantize, fp8_max, fp8_per_token, fp8_quantize, fp8_scale
+from ptq_protein.recipes.config import FP8Format
 
 
 @pytest.mark.parametrize("fmt", list(FP8Format))

@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 import ptq_protein as pp
-from ptq_protein.config import QuantConfig, Scheme, StudyOptions
 from ptq_protein.nn.study import StudyActQuant, study_weights_
 from ptq_protein.quant.study import study_breakpoint, study_pwlq, study_uniform
 from ptq_protein.quant.study_observer import StudyTopKObserver
+from ptq_protein.recipes.config import QuantConfig, Scheme, StudyOptions
 from tests.quant.study_reference import RefQuantAct, ref_bisect, ref_clip, ref_pwlq3, ref_uniform, ref_w8_state
 
 SAMPLES = ("gaussian", "heavy", "one_sided", "shifted")

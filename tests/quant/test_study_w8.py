@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import ptq_protein as pp
-from ptq_protein.config import StudyOptions
 from ptq_protein.quant.study import study_weight_rows
+from ptq_protein.recipes.config import StudyOptions
 from tests.quant.study_reference import ref_uniform, ref_w8_state
 
 SCRIPTS = ("esm.encoder.layer", "trunk.block", "trunk.structure_module")  # quant_weis.py:38, quant_full.py:33

@@ -6,14 +6,14 @@ import pytest
 import torch
 
 import ptq_protein as pp
-from ptq_protein.errors import InputError
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.nn.modules import QuantInput, QuantLinear
+from ptq_protein.recipes.site_plan import ALL_CHOICES, FP_BITS, MixedPlan, UnitChoice, average_bits, parse_choices
 from ptq_protein.search.auto import UnitCosts
 from ptq_protein.search.budget import Budget
 from ptq_protein.search.units import UnitKind, make_units
 from ptq_protein.search.workbench import Workbench
-from ptq_protein.site_plan import ALL_CHOICES, FP_BITS, MixedPlan, UnitChoice, average_bits, parse_choices
+from ptq_protein.support.errors import InputError
 
 
 @pytest.mark.parametrize("text,name,threshold", [("tm>=0.99", "tm", 0.99), (" logits_rel <= 0.02", "logits_rel", 0.02),

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 import ptq_protein as pp
-from ptq_protein.errors import InputError
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.tiny import tiny_esm2
 from ptq_protein.search.metrics import top_l_pairs, top_l_precision
 from ptq_protein.search.sensitivity import COLUMNS, sensitivity
 from ptq_protein.search.units import UnitKind, make_units
 from ptq_protein.search.workbench import Workbench
+from ptq_protein.support.errors import InputError
 
 SEEDS = (0, 1, 2, 3)
 

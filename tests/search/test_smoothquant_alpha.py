@@ -7,9 +7,9 @@ import pytest
 
 import ptq_protein as pp
 from ptq_protein.cli.main import main
-from ptq_protein.errors import InputError
 from ptq_protein.eval.bench.fidelity import compare_models
 from ptq_protein.search.smoothquant_alpha import search_smoothquant_alpha
+from ptq_protein.support.errors import InputError
 
 
 def test_search_scores_each_alpha_and_returns_the_best(esm2, calib_seqs, metric_seqs):

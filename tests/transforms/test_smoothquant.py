@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import ptq_protein as pp
-from ptq_protein.config import SmoothQuantSpec
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.quant.smoothing import channel_max_ratio
+from ptq_protein.recipes.config import SmoothQuantSpec
 from ptq_protein.transforms.smoothquant import input_channel_absmax, smooth_model_
 
 

@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from ptq_protein import read_embeddings
-from ptq_protein.errors import InputError
-from ptq_protein.io_utils import safe_stem
 from ptq_protein.models.tiny import tiny_esm2
+from ptq_protein.support.errors import InputError
+from ptq_protein.support.io_utils import safe_stem
 from ptq_protein.workloads.embed import EmbedOptions
 from ptq_protein.workloads.embed_run import EmbedRun, fasta_labels
 from ptq_protein.workloads.embed_store import label_stem

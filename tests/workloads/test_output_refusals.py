@@ -19,7 +19,7 @@ import torch
 
 from ptq_protein import read_embeddings
 from ptq_protein.cli.main import main
-from ptq_protein.errors import InputError
+from ptq_protein.support.errors import InputError
 
 SEQS = {"a": "MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQ", "b": "MENDELKKLLAAGHRW"}
 
@@ -157,7 +157,7 @@ def test_an_unknown_tensor_dtype_is_named(tmp_path, artifact):
     import shutil
 
     import ptq_protein as pp
-    from ptq_protein.digests import file_sha256
+    from ptq_protein.support.digests import file_sha256
 
     art = Path(shutil.copytree(artifact, tmp_path / "art"))
     tensors = art / "model.safetensors"

@@ -123,10 +123,11 @@ def test_bad_input_is_one_line_before_the_model_loads(tmp_path, dms, extra, word
 
 
 def test_an_unwritable_out_folder_is_refused(tmp_path, dms, capsys, monkeypatch):
-    import ptq_protein.io_utils
+    import ptq_protein.support.io_utils
 
     locked = tmp_path / "locked"
     locked.mkdir()
-    monkeypatch.setattr(ptq_protein.io_utils.os, "access", lambda *a, **k: False)  # as a non-root user sees 0o500
+    # as a non-root user sees 0o500
+    monkeypatch.setattr(ptq_protein.support.io_utils.os, "access", lambda *a, **k: False)
     assert score("tiny-esm2", "--sequence", SEQ, "--dms", dms, "--out", locked / "o.csv") == 2
     assert "does not take new files" in capsys.readouterr().err and not list(locked.iterdir())

@@ -1,0 +1,395 @@
+"""Quantization configuration: small frozen dataclasses, validated on construction.
+
+A :class:`QuantConfig` says *what* is quantized (site kinds, groups, name globs)
+and *how* (one :class:`TensorQuant` for weights, one for activations). It
+round-trips through ``to_dict``/``from_dict`` so that an artifact's
+``recipe.json`` can rebuild it exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+from ptq_protein.recipes.method_config import GPTQSpec, SmoothQuantSpec, StudyOptions
+from ptq_protein.recipes.method_config import from_known_fields as _from_dict
+
+__all__ = [
+    "Scheme",
+    "Granularity",
+    "RangeMethod",
+    "BreakpointMethod",
+    "SiteKind",
+    "Backend",
+    "FP8Format",
+    "SpecialTokens",
+    "TensorQuant",
+    "SmoothQuantSpec",
+    "GPTQSpec",
+    "StudyOptions",
+    "QuantConfig",
+    "CONFIG_VERSION",
+]
+
+CONFIG_VERSION = 1
+MIN_BITS, MAX_BITS = 2, 16
+
+
+class Scheme(str, enum.Enum):
+    """How values map to codes."""
+
+    UNIFORM = "uniform"
+    PWLQ = "pwlq"  # piecewise-linear (Fang et al. 2020)
+    FP8 = "fp8"  # scaled 8-bit floating point (Micikevicius et al. 2022), format in TensorQuant.fp8_format
+    # The PTQ4Protein study's quantizers, bit for bit (ptq_protein.quant.study); only in study-* recipes.
+    STUDY_UNIFORM = "study_uniform"  # per tensor: signed [-2^(b-1), 2^(b-1)-1] x 2M/(2^b-1), or unsigned when min >= 0
+    STUDY_PWLQ = "study_pwlq"  # pwlq-3: static M, per-call breakpoint, b-bit centre + b-bit [-M, M] tail (b+1 bits)
+
+
+class FP8Format(str, enum.Enum):
+    """Which 8-bit float: E4M3 (more precision, max 448) or E5M2 (more range, max 57344)."""
+
+    E4M3 = "e4m3"
+    E5M2 = "e5m2"
+
+
+class Granularity(str, enum.Enum):
+    """Which values share one set of quantization parameters."""
+
+    PER_TENSOR = "per_tensor"
+    PER_CHANNEL = "per_channel"  # weights: per output channel; activations: per last-dim channel
+    PER_TOKEN = "per_token"  # activations only, always dynamic
+
+
+class RangeMethod(str, enum.Enum):
+    """How a calibrated activation range is chosen from the observed statistics."""
+
+    MINMAX = "minmax"
+    # Ours: the k-th most extreme residue value (padding and BOS/EOS masked out) of a sample of at
+    # most 2^16 values per calibration batch, median over batches. Not the study's statistic.
+    TOPK = "topk"
+    # The study's: per call (whole tensor, BOS/EOS included, batch 1, first 50 calls only) the lower
+    # median of the k most extreme values, mean over calls (ptq_protein.quant.study_observer).
+    STUDY_TOPK = "study_topk"
+    PERCENTILE = "percentile"
+    MSE = "mse"  # clipping range minimising the expected squared error on the histogram
+
+
+class BreakpointMethod(str, enum.Enum):
+    """How PWLQ breakpoints are chosen."""
+
+    GAUSSIAN = "gaussian"  # optimality condition for a Gaussian, solved numerically
+    LAPLACIAN = "laplacian"
+    GAUSSIAN_FIT = "gaussian_fit"  # the paper's closed-form fit
+    LAPLACIAN_FIT = "laplacian_fit"
+    MSE = "mse"  # distribution-free search on the calibration histogram
+    MSE_SHARED_STEP = "mse_shared_step"  # MSE, then both centre pieces on one step (one integer GEMM for the centre)
+
+
+class SiteKind(str, enum.Enum):
+    """Where quantization can happen."""
+
+    LINEAR = "linear"  # nn.Linear (and subclasses): weight and/or input
+    LAYERNORM = "layernorm"  # the input of a LayerNorm (the residual stream: large one-sided outliers)
+    MATMUL = "matmul"  # operands of attention score/probability matmuls and triangle einsums
+    SOFTMAX = "softmax"  # the input of an nn.Softmax module (ESMFold: the IPA logits); study-* recipes only
+
+
+class Backend(str, enum.Enum):
+    """How quantized modules execute."""
+
+    FAKE = "fake"  # simulate: quantize then dequantize, float math
+    INT8 = "int8"  # integer GEMMs (Triton on CUDA; oneDNN on CPU, or the exact torch reference)
+
+
+class Engine(str, enum.Enum):
+    """Which integer GEMM ``backend="int8"`` runs (a run-time choice, not part of a recipe)."""
+
+    AUTO = "auto"  # oneDNN for CPU sites it handles, else the reference
+    ONEDNN = "onednn"  # the CPU fast path (ptq_protein.nn.cpu_int8)
+    REFERENCE = "reference"  # the exact torch integer reference (Triton kernels on CUDA)
+
+
+class SpecialTokens(str, enum.Enum):
+    """What happens to the language model's BOS/EOS (CLS/EOS) positions at activation sites.
+
+    They are computed like residues but carry the largest activations of ESM
+    models (tens of times the residues' range), so a range fitted to residues
+    clips them. Padding is never calibrated on, whatever the choice.
+    """
+
+    FLOAT = "float"  # calibrate on residues; at run time BOS/EOS rows bypass the quantizer (token-wise FP)
+    INCLUDE = "include"  # calibrate on residues and BOS/EOS; one quantizer for every row
+    CLIP = "clip"  # calibrate on residues; BOS/EOS quantized with that range (clipped): the old behaviour
+
+
+def _enum(cls, value):
+    try:
+        return value if isinstance(value, cls) else cls(value)
+    except ValueError as err:
+        choices = ", ".join(m.value for m in cls)
+        raise ValueError(f"unknown {cls.__name__} {value!r}; choose one of: {choices}") from err
+
+
+@dataclass(frozen=True)
+class TensorQuant:
+    """How one kind of tensor (weights or activations) is quantized.
+
+    `dynamic` activations get their parameters from each tensor at run time;
+    static ones from calibration. `runtime_breakpoints` recomputes our PWLQ's
+    range *and* breakpoints from every tensor (fully dynamic). It is not the
+    study's variant: theirs (`Scheme.STUDY_PWLQ`) keeps a static calibrated
+    range and recomputes only the breakpoint.
+    """
+
+    bits: int = 8
+    scheme: Scheme = Scheme.UNIFORM
+    symmetric: bool = True
+    granularity: Granularity = Granularity.PER_TENSOR
+    dynamic: bool = False
+    range_method: RangeMethod = RangeMethod.MINMAX
+    percentile: float = 99.99
+    topk: int = 100
+    breakpoint_method: BreakpointMethod = BreakpointMethod.MSE
+    breakpoints: int = 1
+    runtime_breakpoints: bool = False
+    fp8_format: FP8Format = FP8Format.E4M3
+
+    def __post_init__(self) -> None:
+        for name, cls in (("scheme", Scheme), ("granularity", Granularity), ("range_method", RangeMethod),
+                          ("breakpoint_method", BreakpointMethod), ("fp8_format", FP8Format)):
+            object.__setattr__(self, name, _enum(cls, getattr(self, name)))
+        if isinstance(self.bits, bool) or not isinstance(self.bits, int):
+            raise TypeError(f"bits must be an integer, got {self.bits!r}")
+        if not MIN_BITS <= self.bits <= MAX_BITS:
+            raise ValueError(f"bits={self.bits} is outside {MIN_BITS}..{MAX_BITS}; pick a width in that range "
+                             "(8 is usual)")
+        if self.scheme is Scheme.PWLQ and self.bits < 3:
+            raise ValueError(f"piecewise-linear quantization needs at least 3 bits (got {self.bits}); use "
+                             "uniform for 2 bits")
+        if not 1 <= self.breakpoints <= 3:
+            raise ValueError(f"breakpoints={self.breakpoints} must be 1, 2 or 3 per side")
+        if not 50.0 < self.percentile <= 100.0:
+            raise ValueError(f"percentile={self.percentile} must be in (50, 100]")
+        if self.topk < 1:
+            raise ValueError(f"topk={self.topk} must be at least 1")
+        if self.granularity is Granularity.PER_TOKEN and not self.dynamic:
+            object.__setattr__(self, "dynamic", True)  # per-token parameters only exist at run time
+        if self.scheme is Scheme.PWLQ and self.granularity is not Granularity.PER_TENSOR:
+            raise ValueError("piecewise-linear quantization is per-tensor here; use granularity='per_tensor'")
+        if self.runtime_breakpoints and self.scheme is not Scheme.PWLQ:
+            raise ValueError("runtime_breakpoints only applies to scheme='pwlq'")
+        if self.scheme is Scheme.FP8 and (self.bits != 8 or not self.symmetric):
+            raise ValueError(f"scheme='fp8' is an 8-bit symmetric float format (got bits={self.bits}, "
+                             f"symmetric={self.symmetric}); use bits=8, symmetric=True")
+        self._check_study()
+
+    @property
+    def is_study(self) -> bool:
+        return self.scheme in _STUDY_SCHEMES
+
+    def _check_study(self) -> None:
+        if (self.range_method is RangeMethod.STUDY_TOPK) and not self.is_study:
+            raise ValueError("range_method='study_topk' is the study's statistic: use it with scheme "
+                             "'study_uniform' or 'study_pwlq'")
+        if not self.is_study:
+            return
+        if self.dynamic or self.granularity is Granularity.PER_TOKEN or not self.symmetric:
+            raise ValueError(f"scheme={self.scheme.value!r} is the study's static symmetric quantizer: "
+                             "use dynamic=False, symmetric=True and per_tensor (activations) or per_channel (weights)")
+        if self.topk > _STUDY_MAX_TOPK:
+            raise ValueError(f"topk={self.topk}: the study kept the {_STUDY_MAX_TOPK} extremes of each call; "
+                             f"use k <= {_STUDY_MAX_TOPK}")
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "TensorQuant":
+        return _from_dict(cls, data, "quantizer")
+
+    def describe(self) -> str:
+        """Short human label, e.g. ``8-bit pwlq per_tensor static``."""
+        if self.scheme is Scheme.STUDY_PWLQ:
+            return (f"{self.bits}-bit study_pwlq ({self.bits + 1} bits/value: {self.bits}-bit centre + "
+                    f"{self.bits}-bit [-M, M] tail) static range, per-call breakpoint")
+        mode = "dynamic" if self.dynamic else "static"
+        sym = "sym" if self.symmetric else "asym"
+        scheme = f"fp8-{self.fp8_format.value}" if self.scheme is Scheme.FP8 else self.scheme.value
+        return f"{self.bits}-bit {scheme} {sym} {self.granularity.value} {mode}"
+
+
+_STUDY_SCHEMES = (Scheme.STUDY_UNIFORM, Scheme.STUDY_PWLQ)
+_STUDY_MAX_TOPK = 1000  # piecewise_quant/quant_acts.py:16 topk=1000 values stored per call
+
+
+_PAIR_BITS = (None, 8)
+_DEFAULT_EXCLUDE = ()  # heads are kept FP by the adapters' own rules, not by globs
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """Which sites are quantized and how.
+
+    `weights=None` keeps weights in floating point; `activations=None` keeps
+    activations in floating point. `groups=None` means every group the model
+    adapter knows (ESMFold: `esm`, `trunk`, `structure`). `include` and
+    `exclude` are module-name globs (`fnmatch`) applied after kinds/groups.
+    `quantize_heads` also quantizes the parts kept in floating point by
+    default (LM head, contact regression, distogram/pLDDT/pTM heads).
+    `special_tokens` says how the LM's BOS/EOS positions are handled at
+    activation sites (`SpecialTokens`; default `float`: they stay in
+    floating point, two rows per sequence).
+    `study` set (and only then) makes this a study-exact recipe: quantizers of
+    `Scheme.STUDY_*`, the study's calibration and W8 (`StudyOptions`).
+    `pair_bits=8` holds ESMFold's pair activations in int8 while it folds
+    (`ptq_protein.nn.pair_int8`); None keeps them in floating point.
+    """
+
+    weights: Optional[TensorQuant] = TensorQuant(bits=8, granularity=Granularity.PER_CHANNEL)
+    activations: Optional[TensorQuant] = TensorQuant(bits=8)
+    kinds: Tuple[SiteKind, ...] = (SiteKind.LINEAR, SiteKind.LAYERNORM)
+    groups: Optional[Tuple[str, ...]] = None
+    include: Tuple[str, ...] = ()
+    exclude: Tuple[str, ...] = _DEFAULT_EXCLUDE
+    quantize_heads: bool = False
+    backend: Backend = Backend.FAKE
+    smoothquant: Optional[SmoothQuantSpec] = None
+    gptq: Optional[GPTQSpec] = None
+    special_tokens: SpecialTokens = SpecialTokens.FLOAT
+    name: str = "custom"
+    study: Optional[StudyOptions] = None
+    pair_bits: Optional[int] = None
+    version: int = CONFIG_VERSION
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kinds", tuple(_enum(SiteKind, k) for k in self.kinds))
+        object.__setattr__(self, "backend", _enum(Backend, self.backend))
+        object.__setattr__(self, "special_tokens", _enum(SpecialTokens, self.special_tokens))
+        for name in ("include", "exclude"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                value = (value,)
+            object.__setattr__(self, name, tuple(value))
+        if self.groups is not None:
+            groups = (self.groups,) if isinstance(self.groups, str) else tuple(self.groups)
+            object.__setattr__(self, "groups", groups)
+        for name in ("weights", "activations"):
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                object.__setattr__(self, name, TensorQuant.from_dict(value))
+            elif value is not None and not isinstance(value, TensorQuant):
+                raise TypeError(f"{name} must be a TensorQuant, a dict or None, got {type(value).__name__}")
+        for name, cls in (("smoothquant", SmoothQuantSpec), ("gptq", GPTQSpec)):
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                object.__setattr__(self, name, cls.from_dict(value))
+            elif value is not None and not isinstance(value, cls):
+                raise TypeError(f"{name} must be a {cls.__name__}, a dict or None, got {type(value).__name__}")
+        if self.gptq is not None and (self.weights is None or self.weights.scheme is not Scheme.UNIFORM
+                                      or not self.weights.symmetric
+                                      or self.weights.granularity is not Granularity.PER_CHANNEL):
+            raise ValueError("gptq needs symmetric per-channel uniform weights (weights=TensorQuant(bits=4 or 8, "
+                             "granularity='per_channel', symmetric=True)); drop gptq or change the weights")
+        if self.weights is not None and (self.weights.dynamic or self.weights.granularity is Granularity.PER_TOKEN):
+            raise ValueError("weights are quantized once from their own values: use per_tensor or per_channel, not "
+                             "dynamic/per_token")
+        fp8 = [n for n in ("weights", "activations") if getattr(self, n) is not None
+               and getattr(self, n).scheme is Scheme.FP8]
+        acts = self.activations
+        if self.backend is Backend.INT8 and acts is not None and acts.granularity is Granularity.PER_CHANNEL:
+            raise ValueError("backend 'int8' cannot run per-channel activation scales (a scale along the summed "
+                             "dimension does not factor out of an integer GEMM); use backend='fake', or per_tensor / "
+                             "per_token activations")
+        if self.backend is Backend.INT8 and fp8:
+            raise ValueError(f"backend 'int8' runs integer codes, but the {' and '.join(fp8)} of recipe {self.name!r} "
+                             "are FP8; run FP8 with backend='fake' (exact float8 simulation)")
+        self._check_study()
+        self._check_int8()
+        if self.pair_bits not in _PAIR_BITS:
+            raise ValueError(f"pair_bits={self.pair_bits!r}: use 8 (int8 pair activations) or None (float)")
+        if self.version != CONFIG_VERSION:
+            raise ValueError(f"config version {self.version} is not supported (this is version {CONFIG_VERSION}); "
+                             "re-quantize with this release")
+
+    def _check_study(self) -> None:
+        if isinstance(self.study, dict):
+            object.__setattr__(self, "study", StudyOptions.from_dict(self.study))
+        specs = [s for s in (self.weights, self.activations) if s is not None]
+        if self.study is None:
+            if any(s.is_study for s in specs):
+                raise ValueError("the study's schemes need study=StudyOptions() (the study's calibration and W8); "
+                                 "or use a study-* preset")
+            return
+        if not all(s.is_study for s in specs):
+            raise ValueError("a study config quantizes with the study's schemes only: set weights/activations to "
+                             "scheme 'study_uniform' / 'study_pwlq' (or None), or drop study=")
+        if self.activations is not None and self.activations.range_method is not RangeMethod.STUDY_TOPK:
+            raise ValueError("study activations take their range from range_method='study_topk'")
+        if self.weights is not None and (self.weights.scheme is not Scheme.STUDY_UNIFORM
+                                         or self.weights.granularity is not Granularity.PER_CHANNEL):
+            raise ValueError("the study's weights are scheme 'study_uniform', per_channel (per row; 1-D per tensor)")
+        if self.backend is not Backend.FAKE:
+            raise ValueError("study-* recipes simulate in float (backend 'fake'), as the study did")
+
+    def _check_int8(self) -> None:
+        """backend 'int8' runs integer GEMMs on codes of at most 8 bits and uniform weights: refused when built."""
+        if self.backend is not Backend.INT8:
+            return
+        for label, spec in (("weights", self.weights), ("activations", self.activations)):
+            if spec is not None and spec.bits > 8:
+                raise ValueError(f"backend 'int8' runs at most 8-bit codes but {label} are {spec.bits}-bit; "
+                                 "use backend='fake'")
+        if self.weights is not None and self.weights.scheme is not Scheme.UNIFORM:
+            raise ValueError("backend 'int8' needs uniform weights (piecewise-linear weights run with backend='fake')")
+
+    def replace(self, **changes: Any) -> "QuantConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "weights": None if self.weights is None else self.weights.to_dict(),
+            "activations": None if self.activations is None else self.activations.to_dict(),
+            "kinds": [k.value for k in self.kinds],
+            "groups": None if self.groups is None else list(self.groups),
+            "include": list(self.include),
+            "exclude": list(self.exclude),
+            "quantize_heads": self.quantize_heads,
+            "backend": self.backend.value,
+            "smoothquant": None if self.smoothquant is None else self.smoothquant.to_dict(),
+            "gptq": None if self.gptq is None else self.gptq.to_dict(),
+            "special_tokens": self.special_tokens.value,
+            **({} if self.study is None else {"study": self.study.to_dict()}),
+            **({} if self.pair_bits is None else {"pair_bits": self.pair_bits}),  # absent: float pairs, as before
+        }
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "QuantConfig":
+        """Inverse of :meth:`to_dict`. A dict without ``special_tokens`` (an artifact
+        made before the option existed) means ``clip``, the behaviour it was made with."""
+        data = dict(data)
+        data.setdefault("special_tokens", SpecialTokens.CLIP.value)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown config fields {sorted(unknown)}; known: {sorted(known)}")
+        for key in ("kinds", "include", "exclude"):
+            if key in data:
+                data[key] = tuple(data[key])
+        if data.get("groups") is not None:
+            data["groups"] = tuple(data["groups"])
+        return cls(**data)
+
+    def describe(self) -> str:
+        w = "FP" if self.weights is None else self.weights.describe()
+        w += " (GPTQ)" if self.gptq is not None else ""
+        a = "FP" if self.activations is None else self.activations.describe()
+        a += f" (SmoothQuant alpha={self.smoothquant.alpha})" if self.smoothquant is not None else ""
+        special = f"; BOS/EOS {self.special_tokens.value}" if self.activations is not None else ""
+        pair = "" if self.pair_bits is None else f"; pair activations int{self.pair_bits}"
+        kinds = ",".join(k.value for k in self.kinds)
+        return f"{self.name}: weights {w}; activations {a}; sites {kinds}{special}{pair}"

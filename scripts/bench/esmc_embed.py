@@ -1,0 +1,190 @@
+#!/usr/bin/env python
+"""ESM C embedding throughput: ``ptq-protein embed`` against EvolutionaryScale's own FP32 loop, in one run.
+
+Workload: the first ``--seqs`` bundled sequences (default 100, 26,811 residues; as ``embed.py``), mean of
+the last layer kept. Model: a seeded
+random ESM C with planted outlier channels (random weights: a toolkit measurement, not biology), 600M-sized
+(36 x 1152, 18 heads) by default, written once as an official-layout ``.pth`` that both sides load. Rows, each
+over the whole workload at each thread count (best of ``--reps``; the model load is not timed):
+
+* the official package's loop, FP32 (``scripts/esmc_official_loop.py`` in the official venv, one protein at a
+  time through ``ESMC.encode`` / ``ESMC.logits``, as its documentation shows) [anchor];
+* ``embed`` (the CLI's run) with the FP32 model, and with each 8-bit artifact (``backend="int8"``).
+
+Also per artifact: the last layer's per-residue error against FP, and (a correctness check, not a timing) the
+largest difference between the official loop's mean embeddings and ptq-protein's FP ones. ``--memory`` adds the
+peak RSS of loading the ``.pth`` in a fresh process against the file's size (goal < 1.2x).
+
+The official venv (``--official-python``, default /work/venv-esmc/bin/python) is the one
+``scripts/esmc_reference.py`` documents; without it the anchor row is skipped with a line saying so.
+
+    python -m scripts.bench esmc_embed --quick         # tiny model, 12 short sequences: a smoke test
+    python -m scripts.bench esmc_embed --threads 1     # the goal's setting (600M-sized, one thread)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+HERE = Path(__file__).resolve().parents[1]  # scripts/
+sys.path.insert(0, str(HERE))
+from bench.common import best_rates as time_rows  # noqa: E402
+from bench.common import bundled_records, command_line, cpu_facts, environment_line, markdown_table  # noqa: E402
+from bench.inprocess import TOKS, embed_run  # noqa: E402
+from bench.inprocess import per_token_error as last_layer_error  # noqa: E402
+
+SIZES = {"600m": (36, 1152, 18), "300m": (30, 960, 15), "quick": (2, 64, 4)}  # layers, width, heads
+PRESETS = ("w8a8-uniform", "w8a8-smoothquant", "w8a8-pwlq", "w8a8-dynamic")  # bench_embed's three, and dynamic
+GOAL_VS_OFFICIAL, GOAL_ERROR, GOAL_LOAD_RSS = 1.6, 0.02, 1.2
+OFFICIAL = "EvolutionaryScale ESMC loop (encode + logits, one protein at a time), FP32 [anchor]"
+DEFAULT_PYTHON = os.environ.get("ESMC_OFFICIAL_PYTHON", "/work/venv-esmc/bin/python")
+
+
+def write_model(size: str, folder: Path):
+    """The seeded ESM C (planted outliers) and its official-layout ``.pth`` in ``folder``."""
+    from ptq_protein.models.tiny import tiny_esmc
+
+    layers, width, heads = SIZES[size]
+    model = tiny_esmc(0, num_layers=layers, d_model=width, heads=heads)[0]
+    path = folder / f"esmc_random_{size}.pth"
+    torch.save(model.state_dict(), path)
+    return model, path
+
+
+def official_row(python: str, path: Path, fasta: Path, size: str, threads: int, reps: int,
+                 folder: Path) -> Tuple[Optional[float], Dict[str, torch.Tensor], str]:
+    """(residues/s or None, mean embeddings by label, why skipped) of the official loop in its own venv."""
+    if not Path(python).is_file():
+        return None, {}, (f"official loop skipped: no {python} (create the venv as scripts/esmc_reference.py says, "
+                          "or pass --official-python)")
+    layers, width, heads = SIZES[size]
+    means = folder / f"official-{threads}.safetensors"
+    command = [python, str(HERE / "esmc_official_loop.py"), "--weights", str(path), "--fasta", str(fasta),
+               "--means", str(means), "--d-model", str(width), "--heads", str(heads), "--layers", str(layers),
+               "--threads", str(threads), "--reps", str(reps)]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ""})
+    if done.returncode != 0:
+        return None, {}, f"official loop failed: {done.stderr.strip().splitlines()[-1:]}"
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    from safetensors.torch import load_file
+
+    return result["residues"] / result["seconds"], load_file(str(means)), ""
+
+
+def fp_means(model, records) -> Dict[str, torch.Tensor]:
+    from ptq_protein.models.lm_outputs import lm_forward, lm_tokens
+
+    n = model.num_layers
+    return {label: lm_forward(model, lm_tokens([seq]), [n]).representations[n][0, 1:-1].mean(0)
+            for label, seq in records}
+
+
+def load_rss_line(path: Path) -> str:
+    """Peak RSS of ``load_model(path)`` in a fresh process, against the file's size."""
+    code = ("import resource, sys; from ptq_protein.models.loading import load_model; load_model(sys.argv[1]); "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+    peak = int(subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                              check=True).stdout.split()[-1])
+    ratio = peak / path.stat().st_size
+    return (f"\nload_model of the {path.stat().st_size / 2 ** 30:.2f} GiB .pth in a fresh process: peak RSS "
+            f"{peak / 2 ** 30:.2f} GiB = {ratio:.2f}x the file (goal < {GOAL_LOAD_RSS}x: "
+            f"{'met' if ratio < GOAL_LOAD_RSS else 'missed'})")
+
+
+def build_rows(model, path: Path, records, scratch: Path, presets: Sequence[str], calib: Sequence[str]):
+    """{row: callable returning residues}, {row: last-layer error} for our rows (FP32 and each artifact)."""
+    import ptq_protein as pp
+    from ptq_protein.models.loading import load_model
+
+    rows = {"embed, FP32": embed_run(load_model(path).model, records, scratch, "fp32")}
+    errors: Dict[str, float] = {}
+    for preset in presets:
+        art = scratch / f"art-{preset}"
+        pp.save(pp.quantize(model, preset, calibration=list(calib), backend="int8"), art)
+        qmodel = pp.load(art)
+        error = last_layer_error(model, qmodel, records[:8])  # its forwards choose the engine
+        label = f"embed, {preset} artifact, int8 ({pp.engine_used(qmodel) or 'fake'})"
+        errors[label], rows[label] = error, embed_run(qmodel, records, scratch, preset)
+    return rows, errors
+
+
+def report(timed: Dict[str, Tuple[float, float]], official: Optional[float], errors: Dict[str, float],
+           threads: int) -> List[str]:
+    rows = [[name, f"{rate:.0f}", f"{rate / official:.2f}x" if official else "",
+             f"{100 * errors[name]:.2f}%" if name in errors else ""] for name, (rate, _) in timed.items()]
+    if official:
+        rows.insert(0, [OFFICIAL, f"{official:.0f}", "1.00x", ""])
+    lines = [f"\n### {threads} thread(s)\n", markdown_table(["row", "residues/s", "vs official loop",
+                                                            "last-layer error"], rows)]
+    eligible = {n: timed[n][0] for n in errors if errors[n] <= GOAL_ERROR}
+    if official and eligible:
+        name = max(eligible, key=eligible.get)
+        speed = eligible[name] / official
+        lines.append(f"\nfastest 8-bit row with last-layer error <= {100 * GOAL_ERROR:.0f}%: {name}: {speed:.2f}x the "
+                     f"official loop (goal >= {GOAL_VS_OFFICIAL}x: {'met' if speed >= GOAL_VS_OFFICIAL else 'missed'})")
+    return lines
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny model and 12 short sequences (smoke test)")
+    p.add_argument("--size", choices=["600m", "300m"], default="600m")
+    p.add_argument("--seqs", type=_positive, default=100, help="bundled sequences to embed (default the first 100)")
+    p.add_argument("--threads", type=_positive, nargs="+", default=[1, 2], help="thread counts (default 1 2)")
+    p.add_argument("--reps", type=_positive, default=1, help="passes per row, best kept (default 1)")
+    p.add_argument("--presets", nargs="+", default=list(PRESETS), help="8-bit recipes (int8 artifacts)")
+    p.add_argument("--official-python", default=DEFAULT_PYTHON, help=f"the official venv's python ({DEFAULT_PYTHON})")
+    p.add_argument("--memory", action="store_true", help="also peak RSS of loading the .pth in a fresh process")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    size = "quick" if args.quick else args.size
+    records = bundled_records(12 if args.quick else args.seqs)
+    records = [(label, seq[:60]) for label, seq in records] if args.quick else records
+    layers, width, heads = SIZES[size]
+    print(f"# bench_esmc_embed\n\n`{command_line(argv if argv is not None else sys.argv[1:], __file__)}`\n\n"
+          f"{cpu_facts()}\n\n{environment_line(args.threads[0])}; model: seeded random ESM C {layers} x {width}, "
+          f"{heads} heads, planted outlier channels (random weights: a toolkit measurement, not biology); "
+          f"{len(records)} bundled sequences, {sum(len(s) for _, s in records)} residues, {TOKS} tokens per batch, "
+          "mean of the last layer kept")
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        fasta = scratch / "bench.fasta"
+        fasta.write_text("".join(f">{label}\n{seq}\n" for label, seq in records))
+        model, path = write_model(size, scratch)
+        calib = [seq[:256] for _, seq in records[::max(1, len(records) // 16)]][:16]
+        rows, errors = build_rows(model, path, records, scratch, args.presets, calib)
+        for threads in args.threads:
+            official, means, why = official_row(args.official_python, path, fasta, size, threads, args.reps, scratch)
+            print("\n".join(report(time_rows(rows, threads, args.reps), official, errors, threads)))
+            if why:
+                print(f"\n{why}")
+            elif threads == args.threads[0]:
+                ours = fp_means(model, records)
+                gap = max(float((ours[k] - v).abs().max()) for k, v in means.items())
+                print(f"\nmean embeddings, ptq-protein FP32 vs the official loop: largest difference {gap:.2e}")
+        if args.memory:
+            print(load_rss_line(path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
