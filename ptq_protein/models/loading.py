@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
-import json
 import logging
 import os
 import re
@@ -45,10 +44,10 @@ from ptq_protein.models.declared import check_name_fits
 from ptq_protein.models.esmc_load import is_esmc_state, load_esmc
 from ptq_protein.models.esmfold_convert import load_fair_esmfold
 from ptq_protein.models.fair_esm2 import load_fair_esm2
+from ptq_protein.models.hf_folder import folder_sha256, own_loader_artifact, read_hf_folder
 from ptq_protein.models.mapped import attach_mapping
 from ptq_protein.models.tiny import TINY_MODELS, build_tiny
 from ptq_protein.models.tokens import (
-    esm_tokenizer,
     esmc_vocab,
     esmfold_tokenizer,
     tokenize_esmc,
@@ -56,7 +55,6 @@ from ptq_protein.models.tokens import (
     tokenize_fair_esm,
     tokenize_hf_esm,
 )
-from ptq_protein.support.digests import listing_sha256
 from ptq_protein.support.errors import InputError
 from ptq_protein.support.process_memory import loading
 
@@ -65,9 +63,7 @@ __all__ = ["ModelFamily", "LoadedModel", "load_model", "locate_weights"]
 logger = logging.getLogger(__name__)
 
 _TINY_SEED = re.compile(r"(?P<name>[\w-]+)@(?P<seed>\d+)")
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".json")
 # besides the weights, what an HF folder's load reads (EsmTokenizer.from_pretrained reads the last four)
-_READ_FILES = ("config.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 
 
 class ModelFamily(str, enum.Enum):
@@ -286,14 +282,15 @@ def _read_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: 
         hf = resolve.is_hf_folder(path)
         # an artifact transformers' loader does not open as a quantized model (fair-esm: pp.load's own layout;
         # ESM C: its config.json only makes transformers refuse it)
-        if (path / "recipe.json").is_file() and (not hf or _own_loader_artifact(path)):
+        if (path / "recipe.json").is_file() and (not hf or own_loader_artifact(path)):
             raise InputError(f"{path} is a ptq-protein artifact (recipe.json), not a float model: load it with "
                              "ptq_protein.load, or load its source model")
         if not hf:
             raise InputError(f"{path} is a folder but not a Hugging Face model folder (needs config.json and "
                              "model.safetensors or pytorch_model.bin); point at the snapshot folder")
-        model, tokenizer, family = _load_hf_folder(path)
-        digest = _folder_sha256(path) if hash_weights else None
+        model, tokenizer, folding = read_hf_folder(path)
+        family = ModelFamily.HF_ESMFOLD if folding else ModelFamily.HF_ESM
+        digest = folder_sha256(path) if hash_weights else None
         max_length = None if family is ModelFamily.HF_ESMFOLD else ESM2_MAX_RESIDUES
         return LoadedModel(model, tokenizer, family, label, str(path), digest, max_length)
     digest = file_sha256(path) if hash_weights else None
@@ -344,64 +341,6 @@ def _load_fair_esm(name: str, path: Path, data: dict, allow_pickle: bool):
     return model.eval(), alphabet
 
 
-def _load_hf_folder(folder: Path):
-    """EsmForProteinFolding (config.is_folding_model), EsmModel (a trunk saved without a head, as its
-    config.json's ``architectures`` says) or EsmForMaskedLM; all keys required."""
-    from transformers import EsmConfig, EsmForMaskedLM, EsmForProteinFolding, EsmModel, EsmTokenizer
-
-    try:
-        config = EsmConfig.from_pretrained(folder, local_files_only=True)
-    except (OSError, ValueError, TypeError) as e:
-        raise InputError(f"{folder}/config.json is not an ESM config ({e}); point at an ESM-2 or ESMFold folder") from e
-    folding = bool(config.is_folding_model)
-    trunk = not folding and list(config.architectures or ()) == ["EsmModel"]
-    model_class = EsmForProteinFolding if folding else EsmModel if trunk else EsmForMaskedLM
-    try:
-        extra = {"add_pooling_layer": _has_pooler(folder)} if trunk else {}
-        model, info = model_class.from_pretrained(folder, config=config, local_files_only=True,
-                                                  output_loading_info=True, **extra)
-    except Exception as e:  # noqa: BLE001 -- safetensors/torch raise many types for a bad file
-        detail = " ".join(str(e).split())
-        if "size mismatch" in detail or "shape" in detail:
-            raise InputError(f"{folder}: the weights' shapes do not match its config.json ({detail[:200]}); "
-                             "use the config the weights were saved with") from e
-        raise InputError(f"{folder}: weights could not be read ({type(e).__name__}: {detail[:200]}); "
-                         "the files may be truncated: re-download them") from e
-    problems = {k: list(v) for k, v in info.items() if k in ("missing_keys", "mismatched_keys") and v}
-    if problems:
-        raise InputError(f"{folder}: weights do not fit {model_class.__name__}: "
-                         + "; ".join(f"{k} ({len(v)}): {v[:8]}" for k, v in problems.items()))
-    if info.get("unexpected_keys"):
-        logger.warning("%s: ignored %d unexpected keys (e.g. %s)", folder, len(info["unexpected_keys"]),
-                       list(info["unexpected_keys"])[:3])
-    if (folder / "vocab.txt").is_file():
-        tokenizer = EsmTokenizer.from_pretrained(folder, local_files_only=True)
-    else:
-        tokenizer = esmfold_tokenizer() if folding else esm_tokenizer(config.vocab_list or ())
-    family = ModelFamily.HF_ESMFOLD if folding else ModelFamily.HF_ESM
-    return model.eval(), tokenizer, family
-
-
-def _own_loader_artifact(folder: Path) -> bool:
-    """An artifact of a fair-esm model or of ptq-protein's own class (ESM C), as its recipe.json describes it."""
-    try:
-        library = json.loads((folder / "recipe.json").read_text())["architecture"]["library"]
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
-        return False
-    return library in ("fair-esm", "ptq-protein")
-
-
-def _has_pooler(folder: Path) -> bool:
-    """Whether an ``EsmModel`` folder holds pooler weights (``EsmForMaskedLM.esm`` is saved without them)."""
-    from safetensors import safe_open
-
-    path = folder / "model.safetensors"
-    if not path.is_file():
-        return True  # a .bin: transformers' default, and its own missing-key message otherwise
-    with safe_open(str(path), framework="pt") as f:
-        return any(key.startswith("pooler.") for key in f.keys())
-
-
 def _place(loaded: LoadedModel, device, dtype: torch.dtype, fp16_esm: Optional[bool]) -> LoadedModel:
     """Move to device/dtype; for ESMFold optionally keep the stem in float16 (fair-esm's and HF's default on GPU)."""
     if not dtype.is_floating_point:
@@ -414,12 +353,3 @@ def _place(loaded: LoadedModel, device, dtype: torch.dtype, fp16_esm: Optional[b
         if half:
             model.esm.half()
     return dataclasses.replace(loaded, model=model.eval())
-
-
-def _folder_sha256(folder: Path) -> str:
-    """sha256 of "name sha256" lines for every file the load reads: config.json, the weights, the tokenizer's."""
-    names = sorted(p.name for p in folder.iterdir()
-                   if p.is_file() and (p.name in _READ_FILES or p.name.startswith(("model", "pytorch_model")))
-                   and p.name.endswith(_WEIGHT_SUFFIXES + (".txt",)))
-    return listing_sha256([(n, file_sha256(folder / n)) for n in names])
-
