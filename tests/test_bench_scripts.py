@@ -44,7 +44,7 @@ def test_bench_quantize_quick_prints_every_table(capsys):
     bench = _bench("quantize")
     assert bench.main(["--quick", "--reps", "1", "--calib-seqs", "4"]) == 0
     out = capsys.readouterr().out
-    assert "`python scripts/bench/quantize.py --quick --reps 1 --calib-seqs 4`" in out
+    assert "`python -m scripts.bench quantize --quick --reps 1 --calib-seqs 4`" in out
     assert "torch.set_num_threads(1)" in out
     for preset in bench.PRESETS:
         (calib,) = [r for r in _table_rows(out, preset) if len(r) == 6]
@@ -77,7 +77,7 @@ def test_bench_artifact_size_quick_round_trips_bit_identically(capsys):
 def test_bench_gptq_quick_prints_both_tables(capsys):
     assert _bench("gptq").main(["--quick", "--reps", "1", "--calib-seqs", "2"]) == 0
     out = capsys.readouterr().out
-    assert "`python scripts/bench/gptq.py --quick --reps 1 --calib-seqs 2`" in out
+    assert "`python -m scripts.bench gptq --quick --reps 1 --calib-seqs 2`" in out
     time_row, memory_row = _table_rows(out, "gptq pass |")  # the time table, then the memory table
     assert float(time_row[1]) > 0 and re.fullmatch(r"\d+\.\dx", time_row[2])
     assert float(memory_row[2]) >= 0

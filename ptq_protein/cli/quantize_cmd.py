@@ -325,7 +325,11 @@ def _summary(qmodel, out: Path, recipe: str, model_name: str) -> dict:
     return {"artifact": str(out), "model": model_name, "recipe": recipe, "config": state.config.describe(),
             "sites_quantized": len(state.quantized), "by_kind": kinds, "fp_sites": len(state.fp_sites),
             "calibration": None if state.calibration is None else state.calibration.to_dict(),
-            "artifact_bytes": size}
+            "artifact_bytes": size, "family": state.family}
+
+
+_FUSED_LM_FAMILIES = ("fair-esm", "hf-esm")  # ESM-2 language models: the fused integer layer runs them
+_SLOW_ON_CPU = ("w8a8-pwlq",)  # the default recipe: measured 1.0-1.1x FP32 on CPU (BENCHMARKS.md)
 
 
 def _print_summary(summary: dict, demo: bool) -> None:
@@ -335,6 +339,10 @@ def _print_summary(summary: dict, demo: bool) -> None:
     if calib:
         print(f"calibration: {calib['name']} ({calib['num_sequences']} sequences, sha256 {calib['sha256'][:12]})")
     print(f"artifact: {summary['artifact']} ({summary['artifact_bytes'] / 1e6:.2f} MB)")
+    if summary.get("family") in _FUSED_LM_FAMILIES and summary["recipe"] in _SLOW_ON_CPU:
+        print(f"speed: on CPU, {summary['recipe']} runs about as fast as the FP model (its outlier pieces take a "
+              "float product); for embed and score, --preset w8a8-smoothquant runs the fused integer layer, 2-3x "
+              "FP32 (docs/int8.md); --compare w8a8-smoothquant shows its error here")
     search = summary.get("smoothquant_alpha")
     if search:
         print(f"smoothquant alpha {search['chosen']:g}, the lowest relative error vs FP on "

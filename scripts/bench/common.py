@@ -76,7 +76,8 @@ def environment_line(threads: int) -> str:
 
 
 def command_line(argv: Sequence[str], script: str) -> str:
-    return "python scripts/" + Path(script).name + "".join(f" {a}" for a in argv)
+    """How the bench module at ``script`` was run: ``python -m scripts.bench NAME ARGS``."""
+    return bench_command(Path(script).stem, argv)
 
 
 def bench_command(name: str, argv: Sequence[str]) -> str:

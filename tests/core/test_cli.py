@@ -38,6 +38,19 @@ def test_quantize_then_fold_writes_parseable_pdbs(tmp_path, capsys):
     assert code == 2 and "--force" in err and "\n" not in err.strip()
 
 
+@pytest.mark.parametrize("model, preset, hinted", [("tiny-esm2", None, True), ("tiny-esm2", "w8a8-smoothquant", False),
+                                                   ("tiny-esmfold", None, False)])
+def test_the_summary_points_embedding_users_to_the_fast_recipe(tmp_path, capsys, model, preset, hinted):
+    """The default recipe (w8a8-pwlq) runs an ESM-2 LM on CPU at about FP32's speed: the summary names the recipe
+    whose fused integer layer is faster, once, and only where it applies."""
+    argv = ["quantize", model, "--calib", "casp14:2", "--check", "0", "--compare", "none", "--out", str(tmp_path / "a")]
+    code, out, err = _run(capsys, *argv, *(["--preset", preset] if preset else []))
+    assert code == 0, err
+    speed = [line for line in out.splitlines() if line.startswith("speed:")]
+    assert len(speed) == int(hinted)
+    assert not hinted or "--preset w8a8-smoothquant" in speed[0]
+
+
 def test_inspect_writes_report_and_plot(tmp_path, capsys):
     code, out, err = _run(capsys, "inspect", "tiny-esm2", "--calib", "casp14:2", "--out", str(tmp_path / "i"))
     assert code == 0, err
