@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -89,11 +90,12 @@ def fp_means(model, records) -> Dict[str, torch.Tensor]:
 
 
 def load_rss_line(path: Path) -> str:
-    """Peak RSS of ``load_model(path)`` in a fresh process, against the file's size."""
-    code = ("import resource, sys; from ptq_protein.models.loading import load_model; load_model(sys.argv[1]); "
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
-    peak = int(subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
-                              check=True).stdout.split()[-1])
+    """Peak RSS of ``load_model(path)`` in a fresh process, against the file's size. The process is started by
+    ``run_measured``'s small launcher: a child forked from this (large) process would report at least its peak."""
+    from bench.common import run_timed
+
+    code = "import sys; from ptq_protein.models.loading import load_model; load_model(sys.argv[1])"
+    peak = run_timed([sys.executable, "-c", code, str(path)])["rss_gib"] * 2 ** 30
     ratio = peak / path.stat().st_size
     return (f"\nload_model of the {path.stat().st_size / 2 ** 30:.2f} GiB .pth in a fresh process: peak RSS "
             f"{peak / 2 ** 30:.2f} GiB = {ratio:.2f}x the file (goal < {GOAL_LOAD_RSS}x: "
@@ -107,14 +109,37 @@ def build_rows(model, path: Path, records, scratch: Path, presets: Sequence[str]
 
     rows = {"embed, FP32": embed_run(load_model(path).model, records, scratch, "fp32")}
     errors: Dict[str, float] = {}
+    arts: Dict[str, Path] = {}
     for preset in presets:
-        art = scratch / f"art-{preset}"
-        pp.save(pp.quantize(model, preset, calibration=list(calib), backend="int8"), art)
-        qmodel = pp.load(art)
+        art = arts[preset] = scratch / f"art-{preset}"
+        pp.save(pp.quantize(model, preset, calibration=list(calib)), art)
+        qmodel = pp.load(art)  # the backend it picks here, as the command's
         error = last_layer_error(model, qmodel, records[:8])  # its forwards choose the engine
-        label = f"embed, {preset} artifact, int8 ({pp.engine_used(qmodel) or 'fake'})"
+        backend = qmodel.ptq_state.config.backend.value
+        label = f"embed, {preset} artifact, {backend} ({pp.engine_used(qmodel) or 'fake'})"
         errors[label], rows[label] = error, embed_run(qmodel, records, scratch, preset)
-    return rows, errors
+    return rows, errors, arts
+
+
+def typed_rows(path: Path, arts: Dict[str, Path], fasta: Path, residues: int, official: Optional[float],
+               threads: int, scratch: Path) -> List[str]:
+    """``ptq-protein embed MODEL FASTA --out DIR`` as typed (default options), each a whole process, model load
+    included; the official loop's rate is its loop alone (its load is not counted: a bound in its favour)."""
+    from bench.common import child_env, run_measured
+    from bench.prepare import cli
+
+    rows = []
+    for name, model in [("FP32 .pth", path), *((f"{p} artifact", a) for p, a in arts.items())]:
+        out = scratch / f"typed-{threads}-{name.split()[0]}"
+        done = run_measured([*cli(), "embed", str(model), str(fasta), "--out", str(out)], child_env(threads, "native"))
+        shutil.rmtree(out, ignore_errors=True)
+        rate = residues / done.wall_s if done.returncode == 0 else None
+        rows.append([f"ptq-protein embed {name}", f"{done.wall_s:.1f}", f"{rate:.0f}" if rate else done.failure(),
+                     f"{rate / official:.2f}x" if rate and official else "", f"{100 * done.kernel_share:.1f}%",
+                     f"{done.rss_gib:.2f}"])
+    return [f"\nAs typed, {threads} thread(s): whole processes, model load included\n",
+            markdown_table(["command", "wall s", "residues/s", "vs official loop", "kernel share", "peak RSS GiB"],
+                           rows)]
 
 
 def report(timed: Dict[str, Tuple[float, float]], official: Optional[float], errors: Dict[str, float],
@@ -171,10 +196,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         fasta.write_text("".join(f">{label}\n{seq}\n" for label, seq in records))
         model, path = write_model(size, scratch)
         calib = [seq[:256] for _, seq in records[::max(1, len(records) // 16)]][:16]
-        rows, errors = build_rows(model, path, records, scratch, args.presets, calib)
+        rows, errors, arts = build_rows(model, path, records, scratch, args.presets, calib)
+        residues = sum(len(s) for _, s in records)
         for threads in args.threads:
             official, means, why = official_row(args.official_python, path, fasta, size, threads, args.reps, scratch)
             print("\n".join(report(time_rows(rows, threads, args.reps), official, errors, threads)))
+            print("\n".join(typed_rows(path, arts, fasta, residues, official, threads, scratch)))
             if why:
                 print(f"\n{why}")
             elif threads == args.threads[0]:

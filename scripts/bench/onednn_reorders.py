@@ -92,7 +92,7 @@ def report(log: str) -> List[str]:
              f"second forward: {len(phases['after'])} oneDNN primitives executed, {len(weights)} weight reorders "
              f"(goal 0: {'met' if not weights else 'missed'})", "", "second forward, by primitive and kernel:"]
     lines += [f"  {count:5d}  {name}" for name, count in summary(phases["after"]).most_common()]
-    lines += [f"  weight reorder: {','.join(f[1:5])}" for f in weights[:10]]
+    lines += [f"  weight reorder: {','.join(f[1:5])} dims {f[7] if len(f) > 7 else '?'}" for f in weights[:10]]
     return lines
 
 
