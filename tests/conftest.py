@@ -19,6 +19,7 @@ except ImportError:  # pragma: no cover
     pass
 
 import pytest
+from bench_fixtures import bench_package, quick_dir  # noqa: F401 (the bench tests' fixtures)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -39,9 +39,19 @@ import torch
 HERE = Path(__file__).resolve().parents[1]  # scripts/
 sys.path.insert(0, str(HERE))
 from bench.common import best_rates as time_rows  # noqa: E402
-from bench.common import bundled_records, command_line, cpu_facts, environment_line, markdown_table  # noqa: E402
+from bench.common import (  # noqa: E402
+    bundled_records,
+    child_env,
+    command_line,
+    cpu_facts,
+    environment_line,
+    markdown_table,
+    run_measured,
+    run_timed,
+)
 from bench.inprocess import TOKS, embed_run  # noqa: E402
 from bench.inprocess import per_token_error as last_layer_error  # noqa: E402
+from bench.prepare import cli  # noqa: E402
 
 SIZES = {"600m": (36, 1152, 18), "300m": (30, 960, 15), "quick": (2, 64, 4)}  # layers, width, heads
 PRESETS = ("w8a8-uniform", "w8a8-smoothquant", "w8a8-pwlq", "w8a8-dynamic")  # bench_embed's three, and dynamic
@@ -92,8 +102,6 @@ def fp_means(model, records) -> Dict[str, torch.Tensor]:
 def load_rss_line(path: Path) -> str:
     """Peak RSS of ``load_model(path)`` in a fresh process, against the file's size. The process is started by
     ``run_measured``'s small launcher: a child forked from this (large) process would report at least its peak."""
-    from bench.common import run_timed
-
     code = "import sys; from ptq_protein.models.loading import load_model; load_model(sys.argv[1])"
     peak = run_timed([sys.executable, "-c", code, str(path)])["rss_gib"] * 2 ** 30
     ratio = peak / path.stat().st_size
@@ -125,9 +133,6 @@ def typed_rows(path: Path, arts: Dict[str, Path], fasta: Path, residues: int, of
                threads: int, scratch: Path) -> List[str]:
     """``ptq-protein embed MODEL FASTA --out DIR`` as typed (default options), each a whole process, model load
     included; the official loop's rate is its loop alone (its load is not counted: a bound in its favour)."""
-    from bench.common import child_env, run_measured
-    from bench.prepare import cli
-
     rows = []
     for name, model in [("FP32 .pth", path), *((f"{p} artifact", a) for p, a in arts.items())]:
         out = scratch / f"typed-{threads}-{name.split()[0]}"
