@@ -46,7 +46,7 @@ def build_from_recipe(recipe: Dict[str, Any], tensors: Dict[str, torch.Tensor], 
     """
     config = QuantConfig.from_dict(recipe["config"])
     if backend is None:
-        chosen, why = choose_backend(config.backend, torch.device(device))
+        chosen, why = choose_backend(config, torch.device(device))
         announce(why)
         config = config.replace(backend=chosen)
     else:

@@ -116,14 +116,14 @@ def run_backend(args: argparse.Namespace, artifact: bool, device: str) -> Option
     import torch
 
     from ptq_protein.nn.backend_choice import choose_backend
-    from ptq_protein.recipes.config import Backend
+    from ptq_protein.recipes.config import QuantConfig
 
-    recorded = _recipe(args.model).get("config", {}).get("backend", "fake")
+    recipe = _recipe(args.model)
     try:
-        recorded = Backend(recorded)
-    except ValueError:
-        recorded = Backend.FAKE  # pp.load refuses a corrupt recipe in one line; this guess never runs
-    return choose_backend(recorded, torch.device(device))[0].value
+        config = QuantConfig.from_dict(recipe["config"])
+    except (KeyError, TypeError, ValueError):
+        return "fake"  # pp.load refuses a corrupt recipe in one line; this guess never runs
+    return choose_backend(config, torch.device(device))[0].value
 
 
 def _recipe(folder: str) -> Dict[str, Any]:

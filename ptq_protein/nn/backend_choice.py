@@ -19,7 +19,7 @@ from typing import Tuple
 
 import torch
 
-from ptq_protein.recipes.config import Backend
+from ptq_protein.recipes.config import Backend, QuantConfig
 
 __all__ = ["choose_backend", "cpu_isa"]
 
@@ -41,8 +41,17 @@ def cpu_isa() -> str:
     return found or torch.backends.cpu.get_cpu_capability()
 
 
-def choose_backend(recorded: Backend, device: torch.device) -> Tuple[Backend, str]:
-    """(backend, the one-line reason) for an artifact loaded with no backend named."""
+def choose_backend(config: QuantConfig, device: torch.device) -> Tuple[Backend, str]:
+    """(backend, the one-line reason) for an artifact of ``config`` loaded with no backend named.
+
+    A recipe integer GEMMs cannot run (FP8, the study's schemes, codes wider than 8 bits) keeps its recorded
+    backend: choosing for it must never turn a loadable artifact into a refusal.
+    """
+    recorded = config.backend
+    try:
+        config.replace(backend=Backend.INT8)
+    except ValueError as why:
+        return recorded, f"the recorded backend '{recorded.value}' (recipe {config.name!r}: {why})"
     if device.type != "cpu":
         return recorded, (f"{device.type}: the recorded backend '{recorded.value}' runs (integer GEMMs on a GPU are "
                           "opt-in, backend='int8': not yet verified on GPU hardware)")

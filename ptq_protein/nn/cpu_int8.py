@@ -180,7 +180,10 @@ def per_token_linear(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tenso
                      bias: Optional[torch.Tensor]) -> torch.Tensor:
     """Dynamic per-token site: ``scale[m] * (w_scale[n] * acc - zero[m] * w_scale[n] * colsum[n]) + bias``."""
     y = gemm(codes, packed)  # w_scale[n] * acc
-    scale = scale.reshape(-1, 1).to(torch.float32)
+    scale = scale.detach().reshape(-1, 1).to(torch.float32)  # integer products carry no gradient
     if bool((zero != 0).any()):
         y.addcmul_(zero.reshape(-1, 1).to(torch.float32), (packed.w_scale * packed.colsum)[None, :], value=-1)
-    return y.mul_(scale) if bias is None else torch.addcmul(bias.to(torch.float32)[None, :], y, scale, out=y)
+    if bias is None:
+        return y.mul_(scale)
+    bias = bias.detach().to(torch.float32)[None, :]
+    return torch.addcmul(bias, y, scale, out=y)

@@ -23,7 +23,7 @@ from ptq_protein.nn.row_ops import restore_rows, row_slice
 from ptq_protein.quant.codebook import PiecewiseCodebook, pwlq_dequantize, pwlq_quantize
 from ptq_protein.quant.fit import pwlq_codebook_for_values
 from ptq_protein.quant.fp8 import fp8_dequantize, fp8_fake_quantize, fp8_per_token, fp8_quantize, fp8_scale
-from ptq_protein.quant.uniform import choose_qparams, dequantize, dynamic_per_token, qrange, quantize
+from ptq_protein.quant.uniform import choose_qparams, code_dtype, dequantize, dynamic_per_token, qrange, quantize
 from ptq_protein.recipes.config import Backend, Engine, Granularity, Scheme, TensorQuant
 
 __all__ = ["ActQuantizer", "QuantLinear", "QuantInput"]
@@ -224,7 +224,8 @@ class QuantLinear(nn.Module):
         if weight_spec is None:
             self.weight = nn.Parameter(weight.detach().clone(), requires_grad=False)
         else:
-            code_type = weight_codes.dtype if weight_spec.scheme is Scheme.FP8 else torch.int8
+            # int8 up to 8 bits, int16 above (int8 would wrap a 12-bit code silently)
+            code_type = weight_codes.dtype if weight_spec.scheme is Scheme.FP8 else code_dtype(weight_spec.bits)
             self.register_buffer("weight_codes", weight_codes.detach().to(code_type).clone())
             if weight_codebook is None:
                 self.register_buffer("weight_scale", weight_scale.detach().to(torch.float32).reshape(-1, 1).clone())
@@ -246,7 +247,7 @@ class QuantLinear(nn.Module):
     def release_weight_codes(self, restore: Callable[[], torch.Tensor]) -> None:
         """Drop the plain codes (a prepacked copy holds them); ``restore()`` rebuilds them on demand."""
         n, k = self.weight_codes.shape
-        self.weight_codes = torch.zeros((), dtype=torch.int8, device=self.weight_codes.device).expand(n, k)
+        self.weight_codes = torch.zeros((), dtype=self.weight_codes.dtype, device=self.weight_codes.device).expand(n, k)
         self._restore_codes = restore
 
     def _keep_plain_codes(self) -> None:

@@ -23,7 +23,7 @@ from ptq_protein.quant.fp8 import fp8_quantize, fp8_scale
 from ptq_protein.quant.histogram import HistogramObserver
 from ptq_protein.quant.pwlq import asymmetric_pwlq, shared_centre_step, symmetric_pwlq
 from ptq_protein.quant.ranges import mse_uniform_range
-from ptq_protein.quant.uniform import choose_qparams, per_channel_minmax, quantize
+from ptq_protein.quant.uniform import choose_qparams, code_dtype, per_channel_minmax, quantize
 from ptq_protein.recipes.config import BreakpointMethod, Granularity, RangeMethod, Scheme, TensorQuant
 
 __all__ = ["needs_calibration", "quantize_weight", "pwlq_codebook_for_values", "pwlq_from_range",
@@ -68,7 +68,7 @@ def quantize_weight(weight: torch.Tensor, spec: TensorQuant) -> Dict[str, Any]:
     w = weight.detach().float()
     if spec.scheme is Scheme.PWLQ:
         cb = pwlq_codebook_for_values(w.reshape(-1), spec)
-        return {"weight_codes": pwlq_quantize(w, cb).to(torch.int8), "weight_codebook": cb}
+        return {"weight_codes": pwlq_quantize(w, cb).to(code_dtype(spec.bits)), "weight_codebook": cb}
     if spec.granularity is Granularity.PER_CHANNEL:
         lo, hi = per_channel_minmax(w, axis=0)
     else:
@@ -80,7 +80,7 @@ def quantize_weight(weight: torch.Tensor, spec: TensorQuant) -> Dict[str, Any]:
                 "weight_zero_point": torch.zeros(scale.shape, dtype=torch.int32)}
     scale, zp = choose_qparams(lo, hi, spec.bits, spec.symmetric)
     codes = quantize(w, scale, zp, spec.bits, spec.symmetric)
-    return {"weight_codes": codes.to(torch.int8) if spec.bits <= 8 else codes, "weight_scale": scale,
+    return {"weight_codes": codes.to(code_dtype(spec.bits)), "weight_scale": scale,
             "weight_zero_point": zp}
 
 

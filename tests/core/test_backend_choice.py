@@ -8,20 +8,22 @@ import torch
 import ptq_protein as pp
 from ptq_protein.nn import backend_choice, cpu_int8
 from ptq_protein.recipes.config import Backend
+from ptq_protein.recipes.presets import PRESETS, get_preset
 
 
 @pytest.mark.parametrize("mode, want", [("native", Backend.INT8), ("split", Backend.INT8), (None, Backend.FAKE)])
 def test_cpu_runs_integer_gemms_where_they_are_exact(monkeypatch, mode, want):
     monkeypatch.setattr(cpu_int8, "mode", lambda: mode)
     monkeypatch.setattr(cpu_int8, "reason", lambda: "no oneDNN int8 linear in this PyTorch build")
-    backend, why = backend_choice.choose_backend(Backend.FAKE, torch.device("cpu"))
+    backend, why = backend_choice.choose_backend(get_preset("w8a8-uniform"), torch.device("cpu"))
     assert backend is want
     assert ("split against" in why) if mode == "split" else ("natively" in why if mode else "no oneDNN" in why)
 
 
 def test_a_gpu_runs_the_recorded_backend():
     for recorded in Backend:
-        backend, why = backend_choice.choose_backend(recorded, torch.device("cuda"))
+        backend, why = backend_choice.choose_backend(get_preset("w8a8-uniform").replace(backend=recorded),
+                                                     torch.device("cuda"))
         assert backend is recorded and "opt-in" in why
 
 
@@ -37,3 +39,18 @@ def test_load_picks_int8_and_says_why_once(esm2, seqs, tmp_path, caplog):
     assert len(lines) == 1 and "integer GEMMs" in lines[0] and backend_choice.cpu_isa() in lines[0]
     assert {m.backend for m in model.modules() if hasattr(m, "engine_ran")} == {Backend.INT8}
     assert {m.backend for m in fake.modules() if hasattr(m, "engine_ran")} == {Backend.FAKE}
+
+
+@pytest.mark.parametrize("preset", [n for n, c in PRESETS.items() if c.study is None and n != "fp"])
+def test_every_saveable_preset_loads_with_default_options(esm2, seqs, tmp_path, preset):
+    """Choosing the fast path must never turn a loadable artifact into a refusal: a recipe integer GEMMs
+    cannot run (FP8, piecewise-linear weights) keeps its recorded simulation, bit for bit."""
+    pp.save(pp.quantize(esm2, preset, calibration=seqs), tmp_path / "a")
+    backend, why = backend_choice.choose_backend(get_preset(preset), torch.device("cpu"))
+    model, fake = pp.load(tmp_path / "a"), pp.load(tmp_path / "a", backend="fake")
+    tokens = torch.tensor([[0, 20, 15, 11, 2]])
+    if backend is Backend.FAKE:
+        assert preset in why or not cpu_int8.available()
+        assert torch.equal(model(tokens)["logits"], fake(tokens)["logits"])
+    else:
+        assert torch.isfinite(model(tokens)["logits"]).all()

@@ -42,7 +42,7 @@ def simulation(monkeypatch):
     from ptq_protein.artifact import build as artifact_build
     from ptq_protein.recipes.config import Backend
 
-    monkeypatch.setattr(artifact_build, "choose_backend", lambda recorded, device: (Backend.FAKE, "the simulation"))
+    monkeypatch.setattr(artifact_build, "choose_backend", lambda config, device: (Backend.FAKE, "the simulation"))
 
 
 def _eager_pair(folder: Path, seqs):
