@@ -53,7 +53,7 @@ def build_architecture(desc: Dict[str, Any], initialise: bool = True) -> nn.Modu
     leaves any missing), and the pages of a float weight never written are never resident. An ESM-2 650M
     artifact loaded with ``backend="int8"`` peaked at 3.4 GiB before, from the float weights it replaces.
     """
-    skip = skip_torch_init if desc.get("library") == "fair-esm" else _no_init_weights
+    skip = _no_init_weights if desc.get("library") == "transformers" else skip_torch_init  # no transformers import
     with contextlib.nullcontext() if initialise else skip():
         return _build(desc)
 
