@@ -10,18 +10,21 @@ from bench_fixtures import SCRIPTS, _load_path, _table_rows
 pytest.importorskip("esm")
 
 
-def test_hf_loop_batches_are_the_embed_commands(bench_package):
-    """The plain transformers loop writes its batch plan out (it imports nothing from the toolkit): it must be
-    ptq_protein.workloads.token_batches' plan, the batches `ptq-protein embed` computes."""
+def test_hf_loop_batches_are_fair_esms(bench_package):
+    """The plain transformers loop (it imports nothing from the toolkit) batches as users' loops do: fair-esm's
+    FastaBatchedDataset.get_batch_indices, greedy filling of length-sorted sequences."""
     import random
 
-    from ptq_protein.workloads.token_batches import token_batches
+    import esm
 
     loop = _load_path("hf_loop", SCRIPTS / "bench" / "loops" / "hf_loop.py")
     rng = random.Random(0)
     for budget in (64, 1000, 4096):
         lengths = [rng.randint(1, 1022) for _ in range(300)] + [5, 5, 5]
-        assert loop.batch_plan(lengths, budget) == token_batches(lengths, budget).batches
+        dataset = esm.data.FastaBatchedDataset([str(i) for i in range(len(lengths))], ["A" * n for n in lengths])
+        ref = dataset.get_batch_indices(budget, extra_toks_per_seq=2)  # fair-esm counts BOS only: one more here
+        ours = loop.batch_plan(lengths, budget)
+        assert [sorted(lengths[i] for i in b) for b in ours] == [sorted(lengths[i] for i in b) for b in ref]
 
 
 def test_run_measured_reports_the_childs_own_usage(bench_package):

@@ -7,8 +7,8 @@ What a user writes without this toolkit (a whole process each): ``EsmTokenizer``
 checkpoint has no pooler: transformers would add a randomly initialised one, unused for embeddings, and with it
 torchao's Linear-unary annotation fails on the pooler's dense + tanh), ``torch.no_grad()``, one ``LABEL.pt`` per
 sequence holding ``{"label", "mean_representations": {num_layers: mean over the residues}}``. The batches are
-those of ``ptq_protein.workloads.token_batches`` (sorted by length, at most 4096 tokens with BOS/EOS counted),
-written out here so the loop imports nothing from the toolkit (the bench's tests check the two plans agree).
+fair-esm's ``get_batch_indices`` (sorted by length, filled greedily up to 4096 tokens with BOS/EOS counted), as
+users' loops batch, written out here so the loop imports nothing from the toolkit (the bench's tests check it).
 Engines (one per run):
 
 * default: FP32;
