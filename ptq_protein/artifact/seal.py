@@ -78,7 +78,7 @@ def tensors_sha256(tensors: Mapping[str, Any]) -> str:
         tensor = tensors[name].detach().cpu().contiguous()
         digest.update(f"{name}\0{str(tensor.dtype)}\0{tuple(tensor.shape)}\0".encode())
         if tensor.numel():
-            digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy())  # its buffer: no copy of the bytes
     return digest.hexdigest()
 
 

@@ -24,8 +24,9 @@ function on the start of that input; any difference falls back to eager for good
 Policy, from ``PTQ_PROTEIN_FUSED`` or :func:`configure`:
 
 * ``auto`` (default): compile CPU tensors of at least ``min_numel`` values
-  (small tensors are cheaper eagerly than through the compiled call's guards), once a function has run
-  eagerly :data:`AUTO_AFTER_CALLS` times in the process (compiling costs seconds a short run never repays);
+  (small tensors are cheaper eagerly than through the compiled call's guards), once a function's eager calls
+  have cost :data:`AUTO_AFTER_SECONDS` in the process, about what compiling it costs (a short run never repays
+  compiling; a long one pays at most twice the better choice);
 * ``on``: compile every tensor, CUDA ones too; ``off``: always eager.
 
 CUDA stays eager under ``auto``: Triton may contract ``offset + scale * q`` into
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
@@ -53,7 +55,7 @@ from ptq_protein.support.env_settings import FUSED, FUSED_MODES, fused_mode
 __all__ = ["FusedSettings", "configure", "settings", "fused_call", "padded_regions", "piecewise_codes",
            "piecewise_fake",
            "piecewise_zero_code", "region_mask", "region_operand",
-           "uniform_codes", "uniform_fake"]
+           "uniform_codes", "uniform_codes_eager", "uniform_fake"]
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +85,12 @@ def settings_from_env() -> FusedSettings:
 
 _settings: Optional[FusedSettings] = None
 _compiled: Dict[Callable, Callable] = {}
-_eager_calls: Dict[Callable, int] = {}  # auto: calls of each function run eagerly so far in this process
-# auto compiles a function once it has run eagerly this many times: importing and tracing torch.compile costs 2-3 s
-# of CPU per process, which a function called once per batch (an int8 model's last LayerNorm input) never repays
-# in a short run, while a fake-backend model calls each of its ~100 quantizers every forward (compiled at once).
-AUTO_AFTER_CALLS = 32
+_eager_seconds: Dict[Callable, float] = {}  # auto: seconds each function has run eagerly so far in this process
+# auto compiles a function once its eager calls have cost this much: importing and tracing torch.compile costs 2-3 s
+# of CPU per process, which a 12-protein run of an int8 ESM C 600M (1.6 s of eager per-token codes) never repays,
+# while a fake-backend model's ~100 quantizers reach it within a few forwards (rent until the rent paid equals the
+# price: never more than twice the cost of the better choice in hindsight).
+AUTO_AFTER_SECONDS = 2.0
 _broken: Optional[str] = None  # why compilation failed here, once it has
 _checked: set = set()  # functions whose compiled loop matched eager on a real input in this process
 
@@ -175,7 +178,8 @@ def fused_call(fn: Callable[..., torch.Tensor], x: torch.Tensor, *params, channe
     """
     if torch.compiler.is_compiling():  # inside the user's own torch.compile: let it trace fn
         return fn(x, *params)
-    if _wanted(x) and _repays(fn):
+    wanted = _wanted(x)
+    if wanted and _repays(fn):
         global _broken
         flat = (x.reshape(-1, x.shape[-1] if x.dim() else 1) if channels else x.reshape(-1)).contiguous().detach()
         try:
@@ -188,15 +192,19 @@ def fused_call(fn: Callable[..., torch.Tensor], x: torch.Tensor, *params, channe
             _broken = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
             log.warning("the quantizers' compiled loops cannot run here (%s), so they run as plain PyTorch "
                         "operations: the same results, more slowly (set %s=off to skip compiling)", _broken, ENV_VAR)
-    return (eager or fn)(x, *params)
+    if not (wanted and settings().mode == "auto" and _broken is None):
+        return (eager or fn)(x, *params)
+    start = time.perf_counter()
+    out = (eager or fn)(x, *params)
+    _eager_seconds[fn] = _eager_seconds.get(fn, 0.0) + time.perf_counter() - start
+    return out
 
 
 def _repays(fn: Callable) -> bool:
-    """``on`` compiles at once; ``auto`` after :data:`AUTO_AFTER_CALLS` eager calls of ``fn``."""
+    """``on`` compiles at once; ``auto`` once ``fn``'s eager calls have cost :data:`AUTO_AFTER_SECONDS`."""
     if settings().mode != "auto" or fn in _compiled:
         return True
-    _eager_calls[fn] = _eager_calls.get(fn, 0) + 1
-    return _eager_calls[fn] > AUTO_AFTER_CALLS
+    return _eager_seconds.get(fn, 0.0) >= AUTO_AFTER_SECONDS
 
 
 class CompiledMismatch(RuntimeError):
@@ -292,6 +300,18 @@ def uniform_codes(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor
     zp = zero_point.to(x.dtype)
     q = torch.clamp(torch.round(x / scale.to(x.dtype)) + zp, qmin, qmax)
     return torch.where(q == q, q, torch.clamp(zp, qmin, qmax)).to(torch.int8)
+
+
+def uniform_codes_eager(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, qmin: int,
+                        qmax: int) -> torch.Tensor:
+    """:func:`uniform_codes`' values in four eager passes (one temporary, updated in place) instead of seven: what
+    runs until compiling repays. The same float32 operations in the same order."""
+    zp = zero_point.to(x.dtype)
+    q = torch.div(x, scale.to(x.dtype))
+    q.round_().add_(zp).clamp_(qmin, qmax)
+    if not bool(torch.isfinite(q.sum())):  # only NaN survives the clamp as non-finite
+        q = torch.where(q == q, q, torch.clamp(zp, qmin, qmax))
+    return q.to(torch.int8)
 
 
 def piecewise_codes(x: torch.Tensor, thresholds: torch.Tensor, table: torch.Tensor,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ptq_protein.nn import cpu_int8, cpu_pwlq
-from ptq_protein.nn.fused import fused_call, piecewise_codes, piecewise_zero_code, uniform_codes
+from ptq_protein.nn.fused import fused_call, piecewise_codes, piecewise_zero_code, uniform_codes, uniform_codes_eager
 from ptq_protein.quant.uniform import per_token_qparams, qrange
 
 __all__ = ["fast_linear", "fast_product", "prepack_module", "encode_codes"]
@@ -44,7 +44,7 @@ def encode_codes(quant, x2: torch.Tensor) -> tuple:
         codes = fused_call(piecewise_codes, xf, thresholds, table, _zero_code(quant, thresholds, table))
         return codes, ("pwlq", quant.codebook)
     qmin, qmax = qrange(quant.spec.bits, quant.spec.symmetric)
-    codes = fused_call(uniform_codes, xf, quant.scale, quant.zero_point, qmin, qmax)
+    codes = fused_call(uniform_codes, xf, quant.scale, quant.zero_point, qmin, qmax, eager=uniform_codes_eager)
     return codes, ("uniform", quant.scale, quant.zero_point)
 
 
@@ -53,7 +53,7 @@ def _per_token_codes(quant, xf: torch.Tensor) -> tuple:
     compiled pass over ``[M, K]`` (per-row scale and zero point) instead of six eager ones."""
     scale, zero = per_token_qparams(xf, quant.spec.bits, quant.spec.symmetric)
     qmin, qmax = qrange(quant.spec.bits, quant.spec.symmetric)
-    codes = fused_call(uniform_codes, xf, scale, zero, qmin, qmax, channels=True)
+    codes = fused_call(uniform_codes, xf, scale, zero, qmin, qmax, channels=True, eager=uniform_codes_eager)
     return codes, ("uniform", scale, zero)
 
 

@@ -107,6 +107,7 @@ def test_compiled_uniform_matches_eager(fused_mode, symmetric, scale, zp):
 def test_auto_mode_keeps_small_tensors_eager(fused_mode, monkeypatch):
     calls = []
     monkeypatch.setattr(fused, "_compiled_version", lambda fn: calls.append(fn) or fn)
+    monkeypatch.setattr(fused, "AUTO_AFTER_SECONDS", 0.0)  # compiling repays at once: only the size decides
     fused_mode("auto", 100)
     x = torch.randn(99)
     assert torch.equal(fused.fused_call(fused.uniform_fake, x, torch.tensor(0.1), torch.tensor(0), -128, 127),
@@ -209,12 +210,32 @@ def test_one_graph_serves_every_layout_and_codebook(fused_mode):
     assert compiles == ["piecewise_fake"], compiles
 
 
+def test_auto_mode_compiles_once_the_eager_calls_cost_what_compiling_costs(fused_mode, monkeypatch):
+    """Rent until the rent paid equals the price: eager while a function's eager seconds stay below
+    AUTO_AFTER_SECONDS, compiled from the call after they reach it."""
+    calls = []
+    monkeypatch.setattr(fused, "_compiled_version", lambda fn: calls.append(fn) or fn)
+    monkeypatch.setattr(fused, "_eager_seconds", {})
+    monkeypatch.setattr(fused, "_compiled", {})
+    monkeypatch.setattr(fused, "AUTO_AFTER_SECONDS", 3600.0)
+    fused_mode("auto", 0)
+    args = (torch.randn(5000), torch.tensor(0.1), torch.tensor(0), -128, 127)
+    for _ in range(3):
+        fused.fused_call(fused.uniform_fake, *args)
+    assert calls == [] and 0 < fused._eager_seconds[fused.uniform_fake] < 3600
+    monkeypatch.setattr(fused, "AUTO_AFTER_SECONDS", fused._eager_seconds[fused.uniform_fake])
+    fused.fused_call(fused.uniform_fake, *args)
+    assert calls == [fused.uniform_fake]
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
 @pytest.mark.parametrize("cb", CODEBOOKS, ids=IDS)
-def test_compiled_codes_match_encoders(fused_mode, cb):
-    """The int8 fast path's one-pass encoders (nn.int_fast.encode_codes) equal input_quant.encode, compiled."""
+def test_compiled_codes_match_encoders(fused_mode, cb, mode):
+    """The int8 fast path's one-pass encoders (nn.int_fast.encode_codes) equal input_quant.encode, compiled and
+    through their eager stand-ins (uniform_codes_eager)."""
     from ptq_protein.nn.int_fast import encode_codes
 
-    fused_mode("on")
+    fused_mode(mode)
     x = _hard_values(cb, torch.float32).reshape(-1, 1)
     pw = ActQuantizer(TensorQuant(bits=8, scheme=Scheme.PWLQ, symmetric=False), codebook=cb)
     uni = ActQuantizer(TensorQuant(bits=8, symmetric=False), scale=torch.tensor(0.05), zero_point=torch.tensor(-13))
