@@ -165,18 +165,21 @@ def _warn_float(why: str) -> None:
 def float_rows_linear(module, rows: torch.Tensor) -> torch.Tensor:
     """The rows kept in floating point (BOS/EOS): ``(rows @ codes^T) * w_scale + bias``, float32 ``[R, N]``.
 
-    Read from the int8 codes (the prepacked copy's dense form when the fast path
-    holds one, else the plain codes: the same ``[K, N]`` operand either way, so
-    both engines agree bit for bit), not from a dequantized float weight: that
-    would be four passes over ``[N, K]`` per call. Equal to the fake backend's
-    ``F.linear(rows, (codes - 0) * w_scale)`` up to float32 rounding. Weight
+    Read from the int8 codes, not from a dequantized float weight (four passes over
+    ``[N, K]`` per call): where the fast path holds a prepacked copy, the rows run
+    through it as int8 planes (:func:`~ptq_protein.nn.cpu_int8_fused.float_rows`,
+    as the fused layer runs them), else through the plain codes. Equal to the fake
+    backend's ``F.linear(rows, (codes - 0) * w_scale)`` up to float32 rounding. Weight
     codebooks and asymmetric weights take the dequantized weight.
     """
     if not module.symmetric_weight_codes():
         return F.linear(rows, module.dequantized_weight(rows.dtype), module.bias)
     packed = module._int_cache.get("packed")
-    codes = packed.weight.to_dense() if packed is not None else weight_codes(module).t().contiguous()
-    return codes_rows_linear(rows, codes, module.weight_scale, module.bias)
+    if packed is not None:  # int8 planes through the packed weight: no float copy of [K, N] per call
+        from ptq_protein.nn.cpu_int8_fused import float_rows
+
+        return float_rows(rows, packed, module.bias)
+    return codes_rows_linear(rows, weight_codes(module).t().contiguous(), module.weight_scale, module.bias)
 
 
 def codes_rows_linear(rows: torch.Tensor, codes: torch.Tensor, w_scale: torch.Tensor,

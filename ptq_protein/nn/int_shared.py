@@ -32,7 +32,8 @@ import torch
 from torch import nn
 
 from ptq_protein.nn import cpu_int8
-from ptq_protein.nn.int_exec import _fast_blocker, codes_rows_linear, float_rows_linear, int_linear
+from ptq_protein.nn.cpu_int8_fused import float_rows
+from ptq_protein.nn.int_exec import _fast_blocker, float_rows_linear, int_linear
 from ptq_protein.nn.int_fast import fast_product
 from ptq_protein.recipes.config import Backend, Engine
 
@@ -134,7 +135,6 @@ def _product(state: _Packed, x: torch.Tensor) -> torch.Tensor:
     keep = quant.special_rows(x)
     if keep is not None:
         index = keep.expand(*x.shape[:-1], 1).reshape(-1).nonzero().flatten()
-        rows = codes_rows_linear(x2.index_select(0, index), state.packed.weight.to_dense(), state.packed.w_scale,
-                                 state.bias)  # one unpacking for every member
+        rows = float_rows(x2.index_select(0, index), state.packed, state.bias)  # int8 planes, every member at once
         y.index_copy_(0, index, rows)
     return y.reshape(*x.shape[:-1], y.shape[-1]).to(x.dtype)
