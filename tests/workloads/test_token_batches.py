@@ -25,7 +25,7 @@ def test_batches_are_the_cheapest_cut_by_enumeration():
     """Every cut of the sorted sequences into consecutive batches within the budget, enumerated: the plan's
     tokens plus one forward's cost (budget / 32) per batch is the minimum; each index is in one batch."""
     rng = random.Random(0)
-    for trial in range(60):
+    for _ in range(60):
         n, budget = rng.randint(1, 11), rng.choice([40, 64, 200, 1024])
         lengths = [rng.randint(1, 120) for _ in range(n)]
         plan = token_batches(lengths, budget)
