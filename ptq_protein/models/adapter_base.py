@@ -49,6 +49,10 @@ class ModelAdapter:
     # pairs SmoothQuant may fold smoothing factors into. A pair that is wrong here breaks the float
     # model's equivalence, which tests/transforms/test_smoothquant.py checks on every family.
     norm_linear_pairs: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
+    # (module that can rotate its output online, the Linear reading only that output), relative to their common
+    # parent: where a Hadamard rotation may go (the module has a ``rotation`` block size; ESM C's SwiGLU). Empty:
+    # the family has no module of ours before such a Linear (fair-esm / transformers classes), so no rotation.
+    rotation_pairs: Tuple[Tuple[str, str], ...] = ()
     # Calibration batch size when the caller gives none (``batch_size=None``).
     calibration_batch: int = 4
 
@@ -87,6 +91,18 @@ class ModelAdapter:
                 if all(isinstance(modules.get(n), nn.Linear) for n in names):
                     pairs.append((name, names))
         return pairs
+
+    def rotation_sites(self, model: nn.Module) -> List[Tuple[str, str]]:
+        """``[(rotating module name, Linear name)]`` of ``model`` (see :attr:`rotation_pairs`), in module order."""
+        modules = dict(model.named_modules())
+        found = []
+        for name, module in modules.items():
+            for op, linear in self.rotation_pairs:
+                if name == op or name.endswith("." + op):
+                    target = name[:len(name) - len(op)] + linear
+                    if hasattr(module, "rotation") and isinstance(modules.get(target), nn.Linear):
+                        found.append((name, target))
+        return found
 
     # -- inputs ----------------------------------------------------------------------
     def validate(self, sequences: Sequence[str], where: str = "calibration") -> List[str]:

@@ -245,6 +245,7 @@ class EsmCAdapter(ModelAdapter):
     family, max_residues = "esmc", None
     head_globs = ("embed*", "sequence_head*")
     norm_linear_pairs = (("attn.layernorm_qkv.0", ("attn.layernorm_qkv.1",)), ("ffn.0", ("ffn.1",)))
+    rotation_pairs = (("ffn.2", "ffn.3"),)  # SwiGLU -> down projection
 
     def make_batch(self, sequences: Sequence[str]) -> Batch:
         tokens, mask = _esm_tokens(sequences)  # ESM C's ids are ESM-2's for residues, BOS, EOS, padding (tokens.py)

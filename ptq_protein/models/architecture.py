@@ -24,6 +24,9 @@ TRANSFORMERS_CLASSES = ("EsmModel", "EsmForMaskedLM", "EsmForProteinFolding", "E
                         "EsmForSequenceClassification")
 
 
+_ESMC_ARGS = {"d_model", "n_heads", "n_layers"}
+
+
 def describe_architecture(model: nn.Module) -> Dict[str, Any]:
     name = type(model).__name__
     if name == "ESM2":
@@ -33,8 +36,10 @@ def describe_architecture(model: nn.Module) -> Dict[str, Any]:
     if name == "ProteinBertModel":
         return {"library": "fair-esm", "class": "ProteinBertModel", "args": dict(vars(model.args))}
     if type(model).__module__ == "ptq_protein.models.esmc":
-        return {"library": "ptq-protein", "class": name,
-                "kwargs": {"d_model": model.d_model, "n_heads": model.n_heads, "n_layers": model.num_layers}}
+        kwargs = {"d_model": model.d_model, "n_heads": model.n_heads, "n_layers": model.num_layers}
+        if model.ffn_rotation:  # written only when set: the description of an unrotated model is unchanged
+            kwargs["ffn_rotation"] = model.ffn_rotation
+        return {"library": "ptq-protein", "class": name, "kwargs": kwargs}
     if hasattr(model, "config") and hasattr(model.config, "to_dict"):
         config = model.config.to_dict()
         config["_name_or_path"] = public_source(config.get("_name_or_path", ""))  # never a private local path
@@ -84,10 +89,14 @@ def _build(desc: Dict[str, Any]) -> nn.Module:
         from ptq_protein.models.esmc import ESMC
 
         kwargs = desc.get("kwargs")
-        if not isinstance(kwargs, dict) or set(kwargs) != {"d_model", "n_heads", "n_layers"}:
-            raise ArtifactError(f"recipe.json gives ESMC the arguments {kwargs!r}, not d_model, n_heads and n_layers: "
-                                "the artifact is corrupt, re-run quantize")
-        return ESMC(**kwargs)
+        if not isinstance(kwargs, dict) or not _ESMC_ARGS <= set(kwargs) <= _ESMC_ARGS | {"ffn_rotation"}:
+            raise ArtifactError(f"recipe.json gives ESMC the arguments {kwargs!r}, not d_model, n_heads and n_layers "
+                                "(and ffn_rotation): the artifact is corrupt, re-run quantize")
+        try:
+            return ESMC(**kwargs)
+        except (TypeError, ValueError) as err:
+            raise ArtifactError(f"recipe.json's ESMC arguments {kwargs!r} build no model ({err}): the artifact is "
+                                "corrupt, re-run quantize") from err
     if library == "transformers":
         if cls not in TRANSFORMERS_CLASSES:
             raise ArtifactError(f"recipe.json names the transformers class {cls!r}, which ptq-protein does not build "

@@ -19,6 +19,9 @@ Module names are the official state dict's, so ``esmc_300m_2024_12_v0.pth`` / ``
 load as they are (``strict=True``). Layers are numbered as in fair-esm's ``repr_layers``: 0 is the token
 embedding, ``i`` the output of block ``i`` (the official ``hidden_states[i - 1]``), and ``n_layers`` the
 final LayerNorm's output (the official ``embeddings``, from which the logits are computed).
+
+One addition of ours, off by default: ``ffn_rotation`` rotates each SwiGLU product by a block Hadamard matrix
+online (QuaRot's rotation before the down projection), for 8-bit per-token activations at ``ffn.3``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ptq_protein.models.tokens import ESMC_VOCAB
+from ptq_protein.quant.hadamard import block_hadamard, check_hadamard_block
 
 __all__ = ["ESMC", "EsmCBlock", "EsmCAttention", "SwiGLU", "ffn_hidden_width", "rotary", "rotary_tables"]
 
@@ -66,11 +70,31 @@ def rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class SwiGLU(nn.Module):
-    """``silu(a) * b`` of the two halves ``a, b`` of the last dimension."""
+    """``silu(a) * b`` of the two halves ``a, b`` of the last dimension, optionally rotated online.
+
+    ``rotation`` b > 0 multiplies the product by a block-diagonal Hadamard matrix (blocks of ``b`` channels,
+    :func:`~ptq_protein.quant.hadamard.block_hadamard`), in at least float32: the heavy-tailed product then
+    quantizes per token far better. The float model is unchanged only when the Linear reading it holds ``W H``
+    (:func:`ptq_protein.transforms.rotation.rotate_ffn_product_` does both). 0, the default, is the official
+    module. The matrix is built on the fly, so the state dict is the official one either way.
+    """
+
+    def __init__(self, rotation: int = 0):
+        super().__init__()
+        if rotation:
+            check_hadamard_block(rotation, "SwiGLU rotation")
+        self.rotation = rotation
 
     def forward(self, x: Tensor) -> Tensor:
         a, b = x.chunk(2, dim=-1)
-        return F.silu(a) * b
+        product = F.silu(a) * b
+        if not self.rotation:
+            return product
+        work = product.to(torch.promote_types(product.dtype, torch.float32))
+        return block_hadamard(work, self.rotation).to(product.dtype)
+
+    def extra_repr(self) -> str:
+        return f"rotation={self.rotation}" if self.rotation else ""
 
 
 class EsmCAttention(nn.Module):
@@ -105,11 +129,14 @@ class EsmCAttention(nn.Module):
 class EsmCBlock(nn.Module):
     """One block: attention then the SwiGLU feed-forward, each added to the stream divided by ``scaling``."""
 
-    def __init__(self, d_model: int, n_heads: int, scaling: float):
+    def __init__(self, d_model: int, n_heads: int, scaling: float, ffn_rotation: int = 0):
         super().__init__()
-        hidden = ffn_hidden_width(d_model)
+        hidden, glu = ffn_hidden_width(d_model), SwiGLU(ffn_rotation)
+        if ffn_rotation and hidden % ffn_rotation:
+            raise ValueError(f"ffn_rotation={ffn_rotation} does not divide the SwiGLU width {hidden} "
+                             f"(d_model={d_model}); use a power of two that divides it (e.g. 128)")
         self.attn = EsmCAttention(d_model, n_heads)
-        self.ffn = nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, 2 * hidden, bias=False), SwiGLU(),
+        self.ffn = nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, 2 * hidden, bias=False), glu,
                                  nn.Linear(hidden, d_model, bias=False))
         self.scaling = scaling
 
@@ -121,10 +148,10 @@ class EsmCBlock(nn.Module):
 class TransformerStack(nn.Module):
     """The blocks and the final LayerNorm (a container: :meth:`ESMC.forward` runs them)."""
 
-    def __init__(self, d_model: int, n_heads: int, n_layers: int):
+    def __init__(self, d_model: int, n_heads: int, n_layers: int, ffn_rotation: int = 0):
         super().__init__()
         scaling = math.sqrt(n_layers / SCALING_DEPTH)
-        self.blocks = nn.ModuleList(EsmCBlock(d_model, n_heads, scaling) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(EsmCBlock(d_model, n_heads, scaling, ffn_rotation) for _ in range(n_layers))
         self.norm = nn.LayerNorm(d_model, bias=False)
 
 
@@ -135,6 +162,11 @@ class ESMC(nn.Module):
     ----------
     d_model, n_heads, n_layers
         Width, attention heads and blocks, as the official constructor takes them.
+    ffn_rotation
+        Not in the official model: the Hadamard block of every :class:`SwiGLU` (0: none, the official
+        forward). A model built with it computes the official function only with each ``ffn.3`` weight
+        rotated to match (:func:`ptq_protein.transforms.rotation.rotate_ffn_product_`); artifacts of
+        rotated models rebuild through it.
 
     Examples
     --------
@@ -147,17 +179,26 @@ class ESMC(nn.Module):
 
     pad_id, bos_id, eos_id, mask_id = PAD_ID, BOS_ID, EOS_ID, MASK_ID
 
-    def __init__(self, d_model: int, n_heads: int, n_layers: int):
+    def __init__(self, d_model: int, n_heads: int, n_layers: int, ffn_rotation: int = 0):
         super().__init__()
         self.d_model, self.n_heads, self.num_layers = d_model, n_heads, n_layers
         self.embed = nn.Embedding(VOCAB_ROWS, d_model)
-        self.transformer = TransformerStack(d_model, n_heads, n_layers)
+        self.transformer = TransformerStack(d_model, n_heads, n_layers, ffn_rotation)
         self.sequence_head = nn.Sequential(nn.Linear(d_model, d_model), nn.GELU(), nn.LayerNorm(d_model),
                                            nn.Linear(d_model, VOCAB_ROWS))
 
     @property
     def embed_dim(self) -> int:
         return self.d_model
+
+    @property
+    def ffn_rotation(self) -> int:
+        """The Hadamard block of the SwiGLU products (0: none), read from the modules: a transform may set it."""
+        blocks = {m.rotation for m in self.modules() if isinstance(m, SwiGLU)}
+        if len(blocks) > 1:
+            raise ValueError(f"the SwiGLU modules of this ESM C rotate with different blocks {sorted(blocks)}; "
+                             "an artifact records one: rotate every block alike")
+        return blocks.pop() if blocks else 0
 
     def forward(self, sequence_tokens: Tensor, repr_layers: Iterable[int] = ()) -> Dict[str, object]:
         """Logits [B, T, 64], ``embeddings`` [B, T, C] (after the final LayerNorm) and the ``repr_layers`` asked

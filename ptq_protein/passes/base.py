@@ -43,7 +43,12 @@ class Needs:
 
 
 class Pass(Protocol):
-    """One step of a recipe. ``applies`` says whether a config lists it (the recipe's entry)."""
+    """One step of a recipe. ``applies`` says whether a config lists it (the recipe's entry).
+
+    A pass that can change only some models may also define ``check(model, adapter, cfg)``, which raises
+    :class:`~ptq_protein.support.errors.InputError` for a model it cannot change;
+    :meth:`ptq_protein.passes.recipe.Recipe.choose` calls it before anything runs.
+    """
 
     @staticmethod
     def applies(cfg: QuantConfig) -> bool: ...

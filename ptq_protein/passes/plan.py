@@ -22,7 +22,7 @@ from ptq_protein.recipes.config import QuantConfig, SiteKind, SpecialTokens, Ten
 
 __all__ = ["CalibrationPlan", "StudyWatch", "plan_calibration", "static_sites", "study_can_ride", "MODEL_CHANGES_FIRST"]
 
-MODEL_CHANGES_FIRST = "SmoothQuant/GPTQ change the model before its activations are calibrated"
+MODEL_CHANGES_FIRST = "rotate_ffn/SmoothQuant/GPTQ change the model before its activations are calibrated"
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def study_can_ride(model: nn.Module, adapter, batch_size: Optional[int]) -> bool
 
 def _why_not_served(plan: CalibrationPlan, statistics: CalibrationPass, cfg: QuantConfig) -> Optional[str]:
     if plan.own_pass is not None:
-        return (f"recipe {cfg.name!r} changes the model (SmoothQuant/GPTQ) before its activations are "
+        return (f"recipe {cfg.name!r} changes the model (rotate_ffn/SmoothQuant/GPTQ) before its activations are "
                 "calibrated, so a shared calibration pass cannot serve it; pass calibration= instead")
     reason = None
     if plan.static:

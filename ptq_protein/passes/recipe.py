@@ -1,7 +1,7 @@
 """Recipes as sequences of passes: which passes a config lists, in which order, over which sites.
 
 A pass is listed when its ``applies(cfg)`` says the config asks for it (the
-recipe's entry: ``cfg.smoothquant``, ``cfg.gptq``, ``cfg.study``, ...). Our
+recipe's entry: ``cfg.rotate_ffn``, ``cfg.smoothquant``, ``cfg.gptq``, ``cfg.study``, ...). Our
 recipes and the study's are two pipelines: ours transforms, calibrates, fits and
 swaps; the study's calibrates with its own observers, attaches its quantizers and
 rounds its weights, as their notebook does. Adding a method is a pass file plus
@@ -22,6 +22,7 @@ from ptq_protein.passes.fit_activations import FitActivations
 from ptq_protein.passes.fold_smoothquant import FoldSmoothQuant
 from ptq_protein.passes.pair_int8 import PairInt8
 from ptq_protein.passes.report_rows import ReportRows
+from ptq_protein.passes.rotate_ffn import RotateFfnProduct
 from ptq_protein.passes.sequential_gptq import SequentialGptq
 from ptq_protein.passes.special_tokens import SpecialTokenRows
 from ptq_protein.passes.study_activations import StudyActivations
@@ -34,8 +35,8 @@ from ptq_protein.support.errors import InputError
 __all__ = ["Recipe", "resolve_recipe", "OUR_PASSES", "STUDY_PASSES"]
 
 # In order. Transforms that change the model come before the calibration that must see them.
-OUR_PASSES = (FoldSmoothQuant, SequentialGptq, CalibrateOurs, FitActivations, SwapModules, SpecialTokenRows,
-              ReportRows, PairInt8)
+OUR_PASSES = (RotateFfnProduct, FoldSmoothQuant, SequentialGptq, CalibrateOurs, FitActivations, SwapModules,
+              SpecialTokenRows, ReportRows, PairInt8)
 STUDY_PASSES = (StudyCalibrate, StudyActivations, StudyW8, PairInt8)
 
 
@@ -52,7 +53,12 @@ class Recipe:
         return [s for s in chosen if s.kind is not SiteKind.MATMUL] if self.study else chosen
 
     def choose(self, model: nn.Module, adapter, cfg: QuantConfig) -> List[Site]:
-        """:meth:`select` on ``model``, refusing a model or a recipe with nothing to quantize."""
+        """:meth:`select` on ``model``, refusing a model or a recipe with nothing to quantize, and a model a
+        pass of the recipe cannot change (its ``check``)."""
+        for step in self.passes:
+            check = getattr(step, "check", None)
+            if check is not None:
+                check(model, adapter, cfg)
         all_sites = discover_sites(model, adapter)
         if not all_sites and not self.study:
             raise InputError(f"{type(model).__name__} has no quantizable sites (no Linear or LayerNorm modules)")

@@ -11,6 +11,7 @@ module swap, configs and calibration hooks build on them. Layout:
 * :mod:`.observers`, :mod:`.histogram`, :mod:`.stats` - bounded-memory observers.
 * :mod:`.ranges` - range choosers (min-max, top-k, percentile, MSE).
 * :mod:`.metrics` - MSE and SQNR.
+* :mod:`.hadamard` - Hadamard rotations (the online rotation of ESM C's SwiGLU product).
 """
 
 from ptq_protein.quant.breakpoint_search import PwlqSearchResult, search_pwlq, uniform_levels

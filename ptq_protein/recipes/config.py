@@ -13,7 +13,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-from ptq_protein.recipes.method_config import GPTQSpec, SmoothQuantSpec, StudyOptions
+from ptq_protein.recipes.method_config import GPTQSpec, SmoothQuantSpec, StudyOptions, check_rotation_block
 from ptq_protein.recipes.method_config import from_known_fields as _from_dict
 
 __all__ = [
@@ -246,6 +246,7 @@ class QuantConfig:
     `Scheme.STUDY_*`, the study's calibration and W8 (`StudyOptions`).
     `pair_bits=8` holds ESMFold's pair activations in int8 while it folds
     (`ptq_protein.nn.pair_int8`); None keeps them in floating point.
+    `rotate_ffn=b` (0: off) rotates ESM C's SwiGLU products by Hadamard blocks of `b` channels first.
     """
 
     weights: Optional[TensorQuant] = TensorQuant(bits=8, granularity=Granularity.PER_CHANNEL)
@@ -262,6 +263,7 @@ class QuantConfig:
     name: str = "custom"
     study: Optional[StudyOptions] = None
     pair_bits: Optional[int] = None
+    rotate_ffn: int = 0
     version: int = CONFIG_VERSION
 
     def __post_init__(self) -> None:
@@ -308,6 +310,7 @@ class QuantConfig:
                              "are FP8; run FP8 with backend='fake' (exact float8 simulation)")
         self._check_study()
         self._check_int8()
+        check_rotation_block(self.rotate_ffn, study=self.study is not None)
         if self.pair_bits not in _PAIR_BITS:
             raise ValueError(f"pair_bits={self.pair_bits!r}: use 8 (int8 pair activations) or None (float)")
         if self.version != CONFIG_VERSION:
@@ -365,6 +368,7 @@ class QuantConfig:
             "special_tokens": self.special_tokens.value,
             **({} if self.study is None else {"study": self.study.to_dict()}),
             **({} if self.pair_bits is None else {"pair_bits": self.pair_bits}),  # absent: float pairs, as before
+            **({"rotate_ffn": self.rotate_ffn} if self.rotate_ffn else {}),  # absent: no rotation, as before
         }
 
     @classmethod
@@ -391,5 +395,6 @@ class QuantConfig:
         a += f" (SmoothQuant alpha={self.smoothquant.alpha})" if self.smoothquant is not None else ""
         special = f"; BOS/EOS {self.special_tokens.value}" if self.activations is not None else ""
         pair = "" if self.pair_bits is None else f"; pair activations int{self.pair_bits}"
+        pair += f"; SwiGLU product Hadamard-rotated (block {self.rotate_ffn})" if self.rotate_ffn else ""
         kinds = ",".join(k.value for k in self.kinds)
         return f"{self.name}: weights {w}; activations {a}; sites {kinds}{special}{pair}"

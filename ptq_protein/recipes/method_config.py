@@ -1,4 +1,4 @@
-"""Configs of the whole-model methods a recipe may add: SmoothQuant, GPTQ, and the study's runtime.
+"""Configs of the whole-model methods a recipe may add: SmoothQuant, GPTQ, the FFN rotation, the study's runtime.
 
 Small frozen dataclasses like the rest of :mod:`ptq_protein.recipes.config` (which re-exports
 them), kept apart so that file stays one screen of per-tensor settings.
@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict, Tuple
 
-__all__ = ["SmoothQuantSpec", "GPTQSpec", "StudyOptions", "from_known_fields"]
+__all__ = ["SmoothQuantSpec", "GPTQSpec", "StudyOptions", "from_known_fields", "check_rotation_block"]
 
 
 def from_known_fields(cls, data: Dict[str, Any], what: str):
@@ -20,6 +20,17 @@ def from_known_fields(cls, data: Dict[str, Any], what: str):
     if unknown:
         raise ValueError(f"unknown {what} fields {sorted(unknown)}; known: {sorted(known)}")
     return cls(**data)
+
+
+def check_rotation_block(block: int, study: bool = False) -> None:
+    """``QuantConfig.rotate_ffn``: 0 (off) or the Hadamard block of ESM C's SwiGLU product, a power of two >= 2
+    (:mod:`ptq_protein.transforms.rotation`); always 0 in the study's recipes, which rotate nothing."""
+    power_of_two = isinstance(block, int) and block >= 2 and not block & (block - 1)
+    if isinstance(block, bool) or not (block == 0 or power_of_two):
+        raise ValueError(f"rotate_ffn={block!r} must be 0 (no rotation) or a power of two >= 2, the Hadamard block "
+                         "of ESM C's SwiGLU product (the w8a8-rotate presets use 128)")
+    if study and block:
+        raise ValueError("study-* recipes run the study's method, which rotates nothing: drop rotate_ffn")
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,10 @@ class Workbench:
             raise InputError(f"recipe {scope.name!r} quantizes attention/triangle matmul operands, which sensitivity "
                              "and --auto do not split into units yet; use a recipe on linear and layernorm sites "
                              "(e.g. w8a8-pwlq)")
+        if scope.rotate_ffn:  # measured on the unrotated copy, it would rank another model than the recipe's
+            raise InputError(f"recipe {scope.name!r} rotates ESM C's SwiGLU products first (rotate_ffn), which "
+                             "sensitivity and --auto do not do: rank with the recipe without it (e.g. w8a8-dynamic), "
+                             "or rotate the float model first (ptq_protein.transforms.rotation.rotate_ffn_product_)")
         self.adapter = get_adapter(model)
         self.model = copy.deepcopy(model).eval()
         self.adapter.prepare(self.model)

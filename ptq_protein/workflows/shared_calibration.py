@@ -135,7 +135,8 @@ def _plan(plans: Sequence[CalibrationPlan]) -> Tuple[List[_Group], Dict[str, str
     notes: Dict[str, str] = {}
     for plan in plans:
         if plan.own_pass:
-            notes[plan.recipe] = plan.own_pass
+            if plan.why:  # it runs forwards of its own (a rotation alone, with dynamic activations, runs none)
+                notes[plan.recipe] = plan.own_pass
             continue
         if not plan.static:
             continue

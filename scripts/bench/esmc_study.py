@@ -38,7 +38,8 @@ from bench.common import bundled_records, command_line, environment_line, markdo
 from bench.inprocess import per_token_error as last_layer_error  # noqa: E402
 
 SIZES = {"quick": (2, 64, 4), "small": (12, 384, 6), "300m": (30, 960, 15), "600m": (36, 1152, 18)}  # layers, d, heads
-RECIPES = ("w8a8-uniform", "w8a8-smoothquant", "w8a8-pwlq", "w8a8-pwlq-int", "w8a8-dynamic")
+RECIPES = ("w8a8-uniform", "w8a8-smoothquant", "w8a8-pwlq", "w8a8-pwlq-int", "w8a8-dynamic", "w8a8-rotate",
+           "w8a8-rotate-gptq")
 GOAL_ERROR, GOAL_DRIFT = 0.02, 0.99
 CALIB, CALIB_CROP, HELD_OUT, HELD_OUT_CROP = "casp14:16", 256, 8, 256
 ROLES = {  # site name after "transformer.blocks.N." -> what its input is

@@ -42,10 +42,12 @@ def test_load_picks_int8_and_says_why_once(esm2, seqs, tmp_path, caplog):
 
 
 @pytest.mark.parametrize("preset", [n for n, c in PRESETS.items() if c.study is None and n != "fp"])
-def test_every_saveable_preset_loads_with_default_options(esm2, seqs, tmp_path, preset):
+def test_every_saveable_preset_loads_with_default_options(request, seqs, tmp_path, preset):
     """Choosing the fast path must never turn a loadable artifact into a refusal: a recipe integer GEMMs
-    cannot run (FP8, piecewise-linear weights) keeps its recorded simulation, bit for bit."""
-    pp.save(pp.quantize(esm2, preset, calibration=seqs), tmp_path / "a")
+    cannot run (FP8, piecewise-linear weights) keeps its recorded simulation, bit for bit. On ESM-2, and on ESM C
+    for the recipes that only ESM C takes (the SwiGLU rotation); both read these token ids alike."""
+    model = request.getfixturevalue("esmc" if PRESETS[preset].rotate_ffn else "esm2")
+    pp.save(pp.quantize(model, preset, calibration=seqs), tmp_path / "a")
     backend, why = backend_choice.choose_backend(get_preset(preset), torch.device("cpu"))
     model, fake = pp.load(tmp_path / "a"), pp.load(tmp_path / "a", backend="fake")
     tokens = torch.tensor([[0, 20, 15, 11, 2]])

@@ -212,9 +212,14 @@ def _edits_the_model(name):
 
 @pytest.mark.parametrize("recipe", [n for n in pp.PRESETS if _edits_the_model(n)])
 def test_a_mapped_checkpoint_quantizes_in_place_as_one_read_into_memory(tmp_path, recipe):
-    """SmoothQuant folds its scales into the weights and GPTQ rounds them, in place; the calibration that follows
-    hands mapped pages back. Both must see the edited weights: the quantize CLI runs exactly this (mmap, in place)."""
-    path = _write_fair_esm2(tmp_path / "m.pt")
+    """SmoothQuant folds its scales into the weights, GPTQ rounds them and the SwiGLU rotation multiplies them,
+    in place; the calibration that follows hands mapped pages back. Both must see the edited weights: the quantize
+    CLI runs exactly this (mmap, in place). The rotation applies to ESM C only: an official-layout ESM C file."""
+    if pp.get_preset(recipe).rotate_ffn:
+        path = tmp_path / "esmc.pth"
+        torch.save(build_tiny("tiny-esmc")[0].state_dict(), path)
+    else:
+        path = _write_fair_esm2(tmp_path / "m.pt")
     plain = pp.quantize(load_model(path).model, recipe, calibration=SEQS, batch_size=1, inplace=True)
     mapped = pp.quantize(load_model(path, mmap=True).model, recipe, calibration=SEQS, batch_size=1, inplace=True)
     a, b = _tensors(plain), _tensors(mapped)

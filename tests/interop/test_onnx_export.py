@@ -118,6 +118,19 @@ def test_attention_mask_masks_padding_and_the_id_table_tokenizes(request, seqs, 
     assert table["special_ids"] == {"bos": 0, "pad": 1, "eos": 2, "unk": 3, "mask": 32}
 
 
+def test_a_rotated_esmc_exports_with_its_online_hadamard(esmc, seqs, tmp_path):
+    """w8a8-rotate: each SwiGLU product's Hadamard is a MatMul by a constant in the graph; batch and length stay
+    dynamic (the padded batch is longer than the traced one)."""
+    ref, session = _export(esmc, "w8a8-rotate", seqs, tmp_path)
+    ids = _ids(get_adapter(ref).make_batch(seqs))
+    got = session.run(None, _feed(ids))
+    for which, name in enumerate(("logits", "last_hidden_state")):
+        def run(model, which=which):
+            return _torch_outputs(model, ids)[which]
+
+        assert _rel(got[which], run(ref), ids != 1) <= _bound(run, ref, ids != 1), name
+
+
 def test_hidden_states_on_request(hf_esm2, seqs, tmp_path):
     q = pp.quantize(hf_esm2, "w8a8-dynamic")
     pp.save(q, tmp_path / "a")

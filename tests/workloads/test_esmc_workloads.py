@@ -64,6 +64,22 @@ def test_embed_equals_each_sequence_alone(tmp_path, artifact, fmt):
         assert entry["bos_representations"][2].shape == (64,)
 
 
+def test_a_rotated_artifact_quantizes_and_embeds_from_the_cli(tmp_path):
+    """w8a8-rotate (online Hadamard on the SwiGLU product) through the commands: the embeddings are those of the
+    loaded artifact run on each sequence alone, and the artifact rebuilds the rotation."""
+    art, fasta, out = tmp_path / "rot", tmp_path / "s.fasta", tmp_path / "emb"
+    assert cli("quantize", "tiny-esmc", "--preset", "w8a8-rotate", "--compare", "none", "--check", "1",
+               "--out", art) == 0
+    fasta.write_text("".join(f">{k}\n{v}\n" for k, v in SEQS.items()))
+    assert cli("embed", art, fasta, "--out", out, "--include", "per_tok", "--repr-layers", "-1") == 0
+    model = pp.load(art)
+    assert model.ffn_rotation == 128
+    got = read_embeddings(out)
+    for label, seq in SEQS.items():
+        torch.testing.assert_close(got[label]["representations"][2], _direct(model, seq, (2,))[0][2],
+                                   atol=2e-5, rtol=1e-5)
+
+
 def test_embed_refuses_contacts_in_one_line(tmp_path, artifact, capsys):
     fasta = tmp_path / "s.fasta"
     fasta.write_text(">a\nMKTAYIAK\n")

@@ -1,0 +1,55 @@
+"""Hadamard rotations (QuaRot, Ashkboos et al. 2024): spread a heavy-tailed activation over a block of channels.
+
+A normalised Hadamard matrix ``H`` (``n x n``, entries ``+-1/sqrt(n)``) is symmetric and orthonormal
+(``H @ H = I``). Multiplying an activation by ``H`` before a Linear whose weight is multiplied by ``H`` on its input
+side leaves the product unchanged (``(x H)(W H)^T = x W^T``), while each rotated channel becomes a mix of ``n``
+channels: a few outlier channels no longer set one token's quantization scale alone. Block-diagonal ``H`` (one
+``b x b`` block per ``b`` channels) costs ``b`` multiply-adds per value instead of the width.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+__all__ = ["hadamard_matrix", "block_hadamard", "check_hadamard_block"]
+
+
+def check_hadamard_block(block: int, what: str = "Hadamard block") -> None:
+    """Refuse a size that has no Sylvester Hadamard matrix: ``block`` must be a power of two, at least 2."""
+    if isinstance(block, bool) or not isinstance(block, int) or block < 2 or block & (block - 1):
+        raise ValueError(f"{what}={block!r} must be a power of two >= 2 (e.g. 64, 128, 256)")
+
+
+def hadamard_matrix(n: int, dtype: torch.dtype = torch.float64, device: Optional[torch.device] = None) -> Tensor:
+    """The normalised Sylvester Hadamard matrix [n, n] (``n`` a power of two): ``[[H, H], [H, -H]] / sqrt(2)``.
+
+    Examples
+    --------
+    >>> hadamard_matrix(2) * 2 ** 0.5
+    tensor([[ 1.,  1.],
+            [ 1., -1.]], dtype=torch.float64)
+    """
+    check_hadamard_block(n, "Hadamard size")
+    h = torch.ones(1, 1, dtype=torch.float64, device=device)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], dim=1), torch.cat([h, -h], dim=1)], dim=0)
+    return (h / math.sqrt(n)).to(dtype)
+
+
+def block_hadamard(x: Tensor, block: int) -> Tensor:
+    """``x`` [..., C] times the block-diagonal matrix of ``C / block`` Hadamard blocks, in ``x``'s dtype.
+
+    Each run of ``block`` consecutive channels is rotated on its own: ``x`` as ``[..., C / block, block]`` times
+    ``H``. ``C`` must be a multiple of ``block``. As the matrix is symmetric, this is also ``x`` times its transpose.
+    The reshapes name every leading size (not ``unflatten`` / ``flatten``), so that a traced ONNX graph keeps the
+    batch and length dynamic: with ``unflatten`` the exporter fixed the per-token scales' shape to the traced one.
+    """
+    *lead, channels = x.shape
+    if channels % block:
+        raise ValueError(f"a Hadamard block of {block} does not divide the {channels} channels")
+    h = hadamard_matrix(block, dtype=x.dtype, device=x.device)
+    return (x.reshape(*lead, channels // block, block) @ h).reshape(x.shape)
