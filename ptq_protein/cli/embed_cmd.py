@@ -38,8 +38,8 @@ def register(subparsers) -> None:
     from ptq_protein.workloads.embed_options import INCLUDE_CHOICES
 
     p = subparsers.add_parser("embed", help="embeddings (and contacts, logits) of every sequence of a FASTA",
-                              description="Embed every sequence of a FASTA file with an ESM-2 or ESM C model or artifact; "
-                                          "resumable, shardable, within a memory budget.",
+                              description="Embed every sequence of a FASTA file with an ESM-2 or ESM C model or "
+                                          "artifact; resumable, shardable, within a memory budget.",
                               epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="an artifact folder from 'ptq-protein quantize', or " + MODEL_HELP)
     p.add_argument("fasta", help="sequences to embed (FASTA, .gz allowed)")

@@ -30,8 +30,8 @@ rows with one score column added; without it, every single mutant (mutant,SCORE)
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("score", help="variant effect scores of one sequence (fair-esm predict.py)",
-                              description="Score mutants of a sequence with an ESM-2 or ESM C model or artifact: a DMS CSV's "
-                                          "rows, or every single mutant with a heatmap.",
+                              description="Score mutants of a sequence with an ESM-2 or ESM C model or artifact: a DMS "
+                                          "CSV's rows, or every single mutant with a heatmap.",
                               epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="an artifact folder from 'ptq-protein quantize', or " + MODEL_HELP)
     p.add_argument("--sequence", required=True, help="the wild-type sequence the mutants apply to")
