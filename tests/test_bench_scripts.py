@@ -264,3 +264,15 @@ def test_bench_esmc_study_quick_prints_both_tables(capsys):
     (row,) = _table_rows(out, "w8a8-dynamic")
     assert row[1] == "int8" and re.fullmatch(r"\d+\.\d\d%", row[2]) and 0.9 < float(row[4]) <= 1.0
     assert re.search(r"best 8-bit recipe by last-layer error: w8a8-dynamic: .*\((goal >= 0\.99: (met|missed))\)", out)
+
+
+def test_bench_esmc_study_splits_the_error_between_weights_and_activations(capsys):
+    """--split: each half alone is a smaller error than both together (independent roundings add up);
+    --no-site-table prints no per-site table."""
+    bench = _bench("esmc_study")
+    assert bench.main(["--quick", "--outliers", "plain", "--recipes", "w8a8-dynamic", "--split", "--no-site-table"]) == 0
+    out = capsys.readouterr().out
+    assert "Per-site activation statistics" not in out
+    (row,) = _table_rows(out, "w8a8-dynamic")
+    both, weights, acts = (float(row[i].rstrip("%")) for i in (2, 5, 6))
+    assert 0 < weights < both and 0 < acts < both

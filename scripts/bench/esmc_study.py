@@ -19,6 +19,7 @@ tail, grown by each block's SwiGLU output rows), as the ESM-2 benches plant them
     python -m scripts.bench esmc_study --quick                    # tiny model, 40-residue protein: a smoke test
     python -m scripts.bench esmc_study                            # 12 x 384 (21M), plain and planted, 300 residues
     python -m scripts.bench esmc_study --size 600m --outliers planted --recipes w8a8-pwlq --protein-length 0
+    python -m scripts.bench esmc_study --split --no-site-table    # + each recipe's weights-alone / activations-alone error
     python -m scripts.bench esmc_study --weights esmc_300m_2024_12_v0.pth   # the same tables on real weights
 """
 
@@ -118,7 +119,25 @@ def logits_error(model, qmodel, sequences: Sequence[str]) -> float:
     return (num / den) ** 0.5
 
 
-def study(model, label: str, recipes: Sequence[str], calib, held_out, protein: str) -> List[str]:
+def split_errors(model, recipe: str, calib, held_out) -> List[object]:
+    """Last-layer error of ``recipe`` with only its weights quantized, then with only its activations: where the
+    8-bit error comes from ("-" where the recipe cannot run that way)."""
+    import ptq_protein as pp
+    from ptq_protein.recipes.presets import get_preset
+
+    errors: List[object] = []
+    for half in ({"activations": None}, {"weights": None, "gptq": None}):
+        try:
+            qmodel = pp.quantize(model, get_preset(recipe).replace(**half), calibration=list(calib))
+        except ValueError:
+            errors.append("-")
+            continue
+        errors.append(f"{100 * last_layer_error(model, qmodel, [('', s) for s in held_out]):.2f}%")
+    return errors
+
+
+def study(model, label: str, recipes: Sequence[str], calib, held_out, protein: str, split: bool = False,
+          site_table: bool = True) -> List[str]:
     from ptq_protein.eval.rank_correlation import spearman
     from ptq_protein.workloads.variant_scores import single_mutant_scores
 
@@ -133,19 +152,25 @@ def study(model, label: str, recipes: Sequence[str], calib, held_out, protein: s
         qmodel, backend = quantize(model, recipe, calib)
         reports[recipe] = qmodel.ptq_state.report
         rows.append([recipe, backend, last_layer_error(model, qmodel, [("", s) for s in held_out]),
-                     logits_error(model, qmodel, held_out), spearman(fp_grid, grid(qmodel)) if protein else None])
+                     logits_error(model, qmodel, held_out), spearman(fp_grid, grid(qmodel)) if protein else None]
+                    + (split_errors(model, recipe, calib, held_out) if split else []))
         print(f"  done {recipe} ({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
         del qmodel
-    if "w8a8-uniform" not in reports:
-        reports["w8a8-uniform"] = quantize(model, "w8a8-uniform", calib)[0].ptq_state.report
-    if "w8a8-pwlq" not in reports:
-        reports["w8a8-pwlq"] = quantize(model, "w8a8-pwlq", calib)[0].ptq_state.report
-    lines = [f"\n## {label}\n", "Per-site activation statistics (calibration, residues only), by role in the block:\n",
-             role_table(reports), f"\nPer recipe: error against FP on {len(held_out)} held-out sequences (whole, at "
-             f"most {HELD_OUT_CROP} residues), drift over all {19 * len(protein)} single mutants of a "
-             f"{len(protein)}-residue protein:\n",
-             markdown_table(["recipe", "backend", "last-layer error", "logits error", "drift Spearman"],
-                            [[r[0], r[1], f"{100 * r[2]:.2f}%", f"{100 * r[3]:.2f}%", _drift(r[4])] for r in rows])]
+    lines = [f"\n## {label}\n"]
+    if site_table:
+        for name in ("w8a8-uniform", "w8a8-pwlq"):
+            if name not in reports:
+                reports[name] = quantize(model, name, calib)[0].ptq_state.report
+        lines += ["Per-site activation statistics (calibration, residues only), by role in the block:\n",
+                  role_table(reports)]
+    drift = (f"drift over all {19 * len(protein)} single mutants of a {len(protein)}-residue protein" if protein
+             else "no drift measured (--protein-length 0)")
+    header = ["recipe", "backend", "last-layer error", "logits error", "drift Spearman"]
+    header += ["weights alone", "activations alone"] if split else []
+    lines += [f"\nPer recipe: error against FP on {len(held_out)} held-out sequences (whole, at most "
+              f"{HELD_OUT_CROP} residues), {drift}:\n",
+              markdown_table(header, [[r[0], r[1], f"{100 * r[2]:.2f}%", f"{100 * r[3]:.2f}%", _drift(r[4]), *r[5:]]
+                                      for r in rows])]
     best = min(rows, key=lambda r: r[2])
     drift_words = ("not measured" if best[4] is None else
                    f"{best[4]:.4f} (goal >= {GOAL_DRIFT}: {'met' if best[4] >= GOAL_DRIFT else 'missed'})")
@@ -168,6 +193,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--recipes", nargs="+", default=list(RECIPES))
     p.add_argument("--protein-length", type=int, default=300)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--split", action="store_true",
+                   help="also each recipe's error with only its weights, then only its activations quantized")
+    p.add_argument("--no-site-table", action="store_true", help="skip the per-site statistics (two calibrations)")
     args = p.parse_args(argv)
     if args.protein_length < 0 or args.threads < 1:
         p.error("--protein-length must be >= 0 and --threads positive")
@@ -192,7 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     plans = [False] if args.weights else {"both": [False, True], "plain": [False], "planted": [True]}[args.outliers]
     for planted in plans:
         model, label = build_model("quick" if args.quick else args.size, planted, args.weights)
-        print("\n".join(study(model.eval(), label, args.recipes, calib, held_out, protein)), flush=True)
+        print("\n".join(study(model.eval(), label, args.recipes, calib, held_out, protein, args.split,
+                               not args.no_site_table)), flush=True)
         del model
     return 0
 
