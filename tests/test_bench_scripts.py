@@ -270,7 +270,8 @@ def test_bench_esmc_study_splits_the_error_between_weights_and_activations(capsy
     """--split: each half alone is a smaller error than both together (independent roundings add up);
     --no-site-table prints no per-site table."""
     bench = _bench("esmc_study")
-    assert bench.main(["--quick", "--outliers", "plain", "--recipes", "w8a8-dynamic", "--split", "--no-site-table"]) == 0
+    args = ["--quick", "--outliers", "plain", "--recipes", "w8a8-dynamic", "--split", "--no-site-table"]
+    assert bench.main(args) == 0
     out = capsys.readouterr().out
     assert "Per-site activation statistics" not in out
     (row,) = _table_rows(out, "w8a8-dynamic")

@@ -19,7 +19,7 @@ tail, grown by each block's SwiGLU output rows), as the ESM-2 benches plant them
     python -m scripts.bench esmc_study --quick                    # tiny model, 40-residue protein: a smoke test
     python -m scripts.bench esmc_study                            # 12 x 384 (21M), plain and planted, 300 residues
     python -m scripts.bench esmc_study --size 600m --outliers planted --recipes w8a8-pwlq --protein-length 0
-    python -m scripts.bench esmc_study --split --no-site-table    # + each recipe's weights-alone / activations-alone error
+    python -m scripts.bench esmc_study --split --no-site-table    # + weights-alone, activations-alone error
     python -m scripts.bench esmc_study --weights esmc_300m_2024_12_v0.pth   # the same tables on real weights
 """
 
