@@ -16,10 +16,11 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from ptq_protein.calibration.block_replay import BlockReplay, block_of, block_plan, call_order
 from ptq_protein.calibration.masks import align_mask, valid_boxes
 from ptq_protein.models.adapters import Batch, ModelAdapter
 
-__all__ = ["linear_call_groups", "input_hessian", "valid_rows"]
+__all__ = ["linear_call_groups", "input_hessian", "block_replay", "valid_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +99,12 @@ def linear_call_groups(model: nn.Module, adapter: ModelAdapter, names: Sequence[
 
 
 def input_hessian(model: nn.Module, adapter: ModelAdapter, name: str, batches: Sequence[Batch],
-                  forward_kwargs: Optional[dict] = None) -> Tuple[Optional[torch.Tensor], int]:
+                  forward_kwargs: Optional[dict] = None,
+                  replay: Optional[BlockReplay] = None) -> Tuple[Optional[torch.Tensor], int]:
     """``(sum of x x^T over residue rows [K, K] float64, rows)`` of site ``name``'s first input per batch.
 
-    None when the site never saw a residue. Each forward stops once the site has run.
+    None when the site never saw a residue. Each forward stops once the site has run; with ``replay``, the
+    finished blocks before it return their stored outputs instead of running.
     """
     acc: List[Optional[torch.Tensor]] = [None]
     rows = [0]
@@ -118,8 +121,23 @@ def input_hessian(model: nn.Module, adapter: ModelAdapter, name: str, batches: S
             rows[0] += x.shape[0]
         raise _SiteDone
 
-    with _pre_hooks(model, {name: hook}):
-        for batch in batches:
+    with _pre_hooks(model, {name: hook}), replay.active() if replay else contextlib.nullcontext():
+        for i, batch in enumerate(batches):
             state["batch"] = batch
+            if replay is not None:
+                replay.batch = i
             _run(model, adapter, batch, forward_kwargs or {})
     return acc[0], rows[0]
+
+
+def block_replay(model: nn.Module, adapter: ModelAdapter, groups: Sequence[Sequence[str]], batch: Batch,
+                 forward_kwargs: Optional[dict] = None) -> Optional[BlockReplay]:
+    """A :class:`~ptq_protein.calibration.block_replay.BlockReplay` for ``groups`` when one forward of
+    ``batch`` shows it sound (:func:`~ptq_protein.calibration.block_replay.block_plan`), else None."""
+    first = block_of(groups[0][0]) if groups else None
+    if first is None:
+        return None
+    with call_order(model, first[0]) as calls:
+        _run(model, adapter, batch, forward_kwargs or {})
+    plan = block_plan(groups, calls)
+    return BlockReplay(model, plan) if plan is not None else None

@@ -5,8 +5,11 @@ share one Hessian). For each group the calibration batches run forward until
 the group's first site is reached (:func:`~ptq_protein.calibration.hessian.input_hessian`),
 so its Hessian sees the earlier layers' quantized weights, as in the GPTQ
 reference. The site's weight is then replaced, in the model being quantized, by
-what its codes decode to. Memory holds one ``[K, K]`` Hessian at a time; the cost
-is about (number of groups / 2) forward passes over the calibration set.
+what its codes decode to. Memory holds one ``[K, K]`` Hessian at a time. On a plain
+stack of blocks (ESM-2, ESM C) the finished blocks are not rerun
+(:mod:`~ptq_protein.calibration.block_replay`): about one forward over the calibration
+set plus each block's own reruns; elsewhere (ESMFold) about (number of groups / 2)
+forward passes.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Dict, Optional, Sequence
 import torch
 from torch import nn
 
-from ptq_protein.calibration.hessian import input_hessian, linear_call_groups
+from ptq_protein.calibration.hessian import block_replay, input_hessian, linear_call_groups
 from ptq_protein.models.adapters import ModelAdapter
 from ptq_protein.quant.fit import quantize_weight
 from ptq_protein.quant.gptq import gptq_quantize
@@ -31,11 +34,13 @@ log = logging.getLogger(__name__)
 @torch.no_grad()
 def gptq_model_(model: nn.Module, adapter: ModelAdapter, names: Sequence[str], weights: TensorQuant,
                 spec: GPTQSpec, sequences: Sequence[str], *, batch_size: Optional[int] = None,
-                forward_kwargs: Optional[dict] = None) -> Dict[str, Dict[str, torch.Tensor]]:
+                forward_kwargs: Optional[dict] = None,
+                replay_blocks: bool = True) -> Dict[str, Dict[str, torch.Tensor]]:
     """GPTQ the Linears ``names`` of ``model`` in place; returns their codes as ``QuantLinear`` keyword arguments.
 
     ``model``'s Linear weights become the dequantized GPTQ weights. A site that never
-    runs on the calibration set is rounded to nearest (with a warning).
+    runs on the calibration set is rounded to nearest (with a warning). ``replay_blocks``: where sound, the
+    forwards skip the finished blocks (:mod:`~ptq_protein.calibration.block_replay`; the same values).
     """
     batches = list(adapter.batches(list(sequences), batch_size))
     if not batches:
@@ -44,9 +49,12 @@ def gptq_model_(model: nn.Module, adapter: ModelAdapter, names: Sequence[str], w
     model.eval()
     try:
         groups = linear_call_groups(model, adapter, names, batches[0], forward_kwargs)
+        replay = block_replay(model, adapter, groups, batches[0], forward_kwargs) if replay_blocks else None
         out: Dict[str, Dict[str, torch.Tensor]] = {}
-        for group in groups:
-            hessian, rows = input_hessian(model, adapter, group[0], batches, forward_kwargs)
+        for g, group in enumerate(groups):
+            if replay is not None:
+                replay.finish_through(replay.plan.group_blocks[g] - 1)  # groups come block by block
+            hessian, rows = input_hessian(model, adapter, group[0], batches, forward_kwargs, replay)
             for name in group:
                 out[name] = _quantize_site_(model.get_submodule(name), name, hessian, weights, spec)
             log.debug("GPTQ %s: %d residue rows", ", ".join(group), rows)
