@@ -4,7 +4,6 @@ import copy
 
 import pytest
 import torch
-from tiny_fixtures import esmfold, hf_esm2  # noqa: F401 (fixtures)
 
 from ptq_protein.calibration.block_replay import block_plan
 from ptq_protein.models.adapters import get_adapter
