@@ -6,7 +6,8 @@ ESM-2 with the demo outlier channels, random 256-residue sequences). Measured si
 by side in one run, repetitions interleaved, medians reported:
 
 * **GPTQ pass / FP**: ``gptq_model_`` (W4, act-order, block 128, the ``w4-gptq``
-  settings) on a prepared copy, against plain FP forwards over the same batches;
+  settings) on a prepared copy, against plain FP forwards over the same batches, with the
+  finished blocks replayed (the default) and rerun (``replay_blocks=False``);
   plus the whole ``pp.quantize(model, "w4-gptq")`` and ``"w4-only"`` (round to nearest);
 * **peak memory**: a fresh subprocess per job reports its peak resident set size
   growth over the loaded model (``ru_maxrss``, high-water mark reset after the build):
@@ -49,8 +50,9 @@ from bench.quantize import _current_rss_kib, _fp_forwards, _reset_peak_rss, run_
 RECIPE = "w4-gptq"
 
 
-def _gptq_job(model, seqs: Sequence[str], batch_size: int) -> Callable[[], object]:
-    """The GPTQ pass of ``w4-gptq`` on a fresh prepared copy of ``model`` per call."""
+def _gptq_job(model, seqs: Sequence[str], batch_size: int, replay: bool = True) -> Callable[[], object]:
+    """The GPTQ pass of ``w4-gptq`` on a fresh prepared copy of ``model`` per call (``replay``: skipping the
+    finished blocks, the default; else rerunning every block before the group, the pass as it was)."""
     import ptq_protein as pp
     from ptq_protein.calibration.sites import discover_sites, select_sites
     from ptq_protein.models.adapters import get_adapter
@@ -63,7 +65,8 @@ def _gptq_job(model, seqs: Sequence[str], batch_size: int) -> Callable[[], objec
         adapter = get_adapter(work)
         adapter.prepare(work)
         names = [s.name for s in select_sites(discover_sites(work, adapter), cfg)]
-        return gptq_model_(work, adapter, names, cfg.weights, cfg.gptq, list(seqs), batch_size=batch_size)
+        return gptq_model_(work, adapter, names, cfg.weights, cfg.gptq, list(seqs), batch_size=batch_size,
+                           replay_blocks=replay)
 
     return run
 
@@ -77,6 +80,7 @@ def _jobs(model, seqs: Sequence[str], batch_size: int) -> Dict[str, Callable[[],
     return {
         "fp": lambda: _fp_forwards(model, adapter, batches),
         "gptq pass": _gptq_job(model, seqs, batch_size),
+        "gptq pass, no block replay": _gptq_job(model, seqs, batch_size, replay=False),
         "quantize w4-gptq": lambda: pp.quantize(model, RECIPE, calibration=list(seqs), batch_size=batch_size),
         "quantize w4-only": lambda: pp.quantize(model, "w4-only"),
     }
