@@ -22,7 +22,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-import torch
 from torch import nn
 
 __all__ = ["BlockPlan", "block_of", "block_plan", "BlockReplay"]
@@ -134,14 +133,7 @@ class BlockReplay:
                 return stored[1]
             out = forward(*args, **kwargs)
             if index <= self.finished:
-                self._stored[self.batch] = (index, _detached(out))
+                self._stored[self.batch] = (index, out)  # calibration runs under no_grad: nothing to detach
             return out
         return run
 
-
-def _detached(out: Any) -> Any:
-    if torch.is_tensor(out):
-        return out.detach()
-    if isinstance(out, tuple):
-        return tuple(_detached(o) for o in out)
-    return out

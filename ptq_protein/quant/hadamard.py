@@ -9,6 +9,7 @@ channels: a few outlier channels no longer set one token's quantization scale al
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -51,5 +52,11 @@ def block_hadamard(x: Tensor, block: int) -> Tensor:
     *lead, channels = x.shape
     if channels % block:
         raise ValueError(f"a Hadamard block of {block} does not divide the {channels} channels")
-    h = hadamard_matrix(block, dtype=x.dtype, device=x.device)
+    h = _cached_matrix(block, x.dtype, x.device)
     return (x.reshape(*lead, channels // block, block) @ h).reshape(x.shape)
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_matrix(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """:func:`hadamard_matrix`, built once per (size, dtype, device): the SwiGLU rotation runs every forward."""
+    return hadamard_matrix(n, dtype=dtype, device=device)
