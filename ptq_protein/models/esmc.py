@@ -63,10 +63,21 @@ def rotary_tables(tokens: Tensor, head_dim: int) -> Tuple[Tensor, Tensor]:
 
 
 def rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotary position embedding of ``x`` [B, T, H, Dh] (halves rotated, GPT-NeoX style), tables in ``x``'s dtype."""
+    """Rotary position embedding of ``x`` [B, T, H, Dh] (halves rotated, GPT-NeoX style), tables in ``x``'s dtype.
+
+    ``x * cos + cat(-x2, x1) * sin``, written into ``x * cos`` half by half: the same products and sums (``a + (-b)``
+    is ``a - b`` in floating point) without the concatenated copy. A traced graph (ONNX export) takes the formula
+    itself: the in-place halves would export as scatters.
+    """
     half = x.shape[-1] // 2
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     x1, x2 = x[..., :half], x[..., half:]
-    return x * cos.to(x.dtype) + torch.cat((-x2, x1), dim=-1) * sin.to(x.dtype)
+    if torch.jit.is_tracing():
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+    out = x * cos
+    out[..., :half] -= x2 * sin[..., :half]
+    out[..., half:] += x1 * sin[..., half:]
+    return out
 
 
 class SwiGLU(nn.Module):
@@ -141,8 +152,12 @@ class EsmCBlock(nn.Module):
         self.scaling = scaling
 
     def forward(self, x: Tensor, same_kind: Tensor, rope: Tuple[Tensor, Tensor]) -> Tensor:
-        x = x + self.attn(x, same_kind, rope) / self.scaling
-        return x + self.ffn(x) / self.scaling
+        x = x + self._scaled(self.attn(x, same_kind, rope))
+        return x + self._scaled(self.ffn(x))
+
+    def _scaled(self, branch: Tensor) -> Tensor:
+        """``branch / scaling``; with scaling 1 (the 600M model) the division, an identity, is skipped."""
+        return branch if self.scaling == 1.0 else branch / self.scaling
 
 
 class TransformerStack(nn.Module):

@@ -195,3 +195,31 @@ def test_evolutionaryscale_class_is_refused_by_name():
     official = type("ESMC", (torch.nn.Module,), {"__module__": "esm.models.esmc"})()
     with pytest.raises(TypeError, match="ptq_protein.models.esmc.ESMC"):
         get_adapter(official)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_equals_the_rotate_half_formula_bit_for_bit(dtype):
+    """The rotary written half by half gives ``x * cos + cat(-x2, x1) * sin`` exactly (the formula of the official
+    ``rotate_half``), infinities and NaN included: no rounding differs, so calibrations and digests are unchanged."""
+    from ptq_protein.models.esmc import rotary, rotary_tables
+
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(2, 7, 3, 8, generator=gen) * 50).to(dtype)
+    x[0, 1, 0, 2], x[1, 3, 2, 6], x[1, 4, 1, 0] = float("inf"), float("nan"), -float("inf")
+    cos, sin = rotary_tables(torch.zeros(2, 7, dtype=torch.long), 8)
+    half = x.shape[-1] // 2
+    want = x * cos.to(dtype) + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin.to(dtype)
+    got = rotary(x, cos, sin)
+    assert got.dtype == dtype
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
+
+
+def test_a_block_with_unit_scaling_adds_its_branches_unscaled():
+    """The 600M model's residue scaling is 1: its branches add as they are (the division by 1 is skipped); the
+    300M model's divides (sqrt(30 / 36))."""
+    model = ESMC(d_model=64, n_heads=4, n_layers=36).eval()
+    assert model.transformer.blocks[0].scaling == 1.0
+    branch = torch.randn(3, 5)
+    assert model.transformer.blocks[0]._scaled(branch) is branch
+    small = ESMC(d_model=64, n_heads=4, n_layers=30).transformer.blocks[0]
+    assert torch.equal(small._scaled(branch), branch / (30 / 36) ** 0.5)
