@@ -277,3 +277,21 @@ def test_bench_esmc_study_splits_the_error_between_weights_and_activations(capsy
     (row,) = _table_rows(out, "w8a8-dynamic")
     both, weights, acts = (float(row[i].rstrip("%")) for i in (2, 5, 6))
     assert 0 < weights < both and 0 < acts < both
+
+
+def test_bench_esmc_embed_quick_times_the_commands_as_typed(capsys, tmp_path):
+    """Without the official venv the anchors are skipped with a line saying so; the commands still run as typed,
+    the FP .pth with --dtype bfloat16 exactly where the CPU has bf16, each succeeding (a rate, not a failure)."""
+    bench = _bench("esmc_embed")
+    missing = tmp_path / "no-venv" / "python"
+    assert bench.main(["--quick", "--threads", "1", "--presets", "w8a8-dynamic", "--official-python",
+                       str(missing)]) == 0
+    out = capsys.readouterr().out
+    assert f"official loop skipped: no {missing}" in out
+    rows = _table_rows(out, "ptq-protein embed")
+    names = [r[0] for r in rows]
+    bf16 = "ptq-protein embed FP .pth --dtype bfloat16"
+    assert names == ["ptq-protein embed FP32 .pth", *([bf16] if bench.has_bf16() else []),
+                     "ptq-protein embed w8a8-dynamic artifact"]
+    assert all(float(r[2]) > 0 for r in rows) and all(r[3] == r[4] == "" for r in rows)  # no anchor, no ratio
+    assert "the BF16 loop" not in out

@@ -8,8 +8,10 @@ random ESM C with planted outlier channels (random weights: a toolkit measuremen
 over the whole workload at each thread count (best of ``--reps``; the model load is not timed):
 
 * the official package's loop, FP32 (``scripts/esmc_official_loop.py`` in the official venv, one protein at a
-  time through ``ESMC.encode`` / ``ESMC.logits``, as its documentation shows) [anchor];
-* ``embed`` (the CLI's run) with the FP32 model, and with each 8-bit artifact (``backend="int8"``).
+  time through ``ESMC.encode`` / ``ESMC.logits``, as its documentation shows) [anchor], and where the CPU has bf16
+  (avx512_bf16 or amx_bf16) the same loop with the model cast to bfloat16 [anchor];
+* ``embed`` (the CLI's run) with the FP32 model, and with each 8-bit artifact (``backend="int8"``); as typed, also
+  ``embed`` of the ``.pth`` with ``--dtype bfloat16`` where the CPU has bf16.
 
 Also per artifact: the last layer's per-residue error against FP, and (a correctness check, not a timing) the
 largest difference between the official loop's mean embeddings and ptq-protein's FP ones. ``--memory`` adds the
@@ -55,8 +57,9 @@ from bench.prepare import cli  # noqa: E402
 
 SIZES = {"600m": (36, 1152, 18), "300m": (30, 960, 15), "quick": (2, 64, 4)}  # layers, width, heads
 PRESETS = ("w8a8-uniform", "w8a8-smoothquant", "w8a8-pwlq", "w8a8-dynamic")  # bench_embed's three, and dynamic
-GOAL_VS_OFFICIAL, GOAL_ERROR, GOAL_LOAD_RSS = 1.6, 0.02, 1.2
+GOAL_VS_OFFICIAL, GOAL_VS_BF16, GOAL_ERROR, GOAL_LOAD_RSS = 2.5, 1.3, 0.02, 1.2  # ESM-2's embed goals (as typed)
 OFFICIAL = "EvolutionaryScale ESMC loop (encode + logits, one protein at a time), FP32 [anchor]"
+OFFICIAL_BF16 = "the same loop, model cast to bfloat16 [anchor]"
 DEFAULT_PYTHON = os.environ.get("ESMC_OFFICIAL_PYTHON", "/work/venv-esmc/bin/python")
 
 
@@ -71,17 +74,24 @@ def write_model(size: str, folder: Path):
     return model, path
 
 
-def official_row(python: str, path: Path, fasta: Path, size: str, threads: int, reps: int,
-                 folder: Path) -> Tuple[Optional[float], Dict[str, torch.Tensor], str]:
+def has_bf16() -> bool:
+    """Whether the CPU lists bf16 instructions (the bf16 anchors run only there, as in ``bench embed``)."""
+    from bench.embed import cpu_flags
+
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def official_row(python: str, path: Path, fasta: Path, size: str, threads: int, reps: int, folder: Path,
+                 dtype: str = "float32") -> Tuple[Optional[float], Dict[str, torch.Tensor], str]:
     """(residues/s or None, mean embeddings by label, why skipped) of the official loop in its own venv."""
     if not Path(python).is_file():
         return None, {}, (f"official loop skipped: no {python} (create the venv as scripts/esmc_reference.py says, "
                           "or pass --official-python)")
     layers, width, heads = SIZES[size]
-    means = folder / f"official-{threads}.safetensors"
+    means = folder / f"official-{threads}-{dtype}.safetensors"
     command = [python, str(HERE / "esmc_official_loop.py"), "--weights", str(path), "--fasta", str(fasta),
                "--means", str(means), "--d-model", str(width), "--heads", str(heads), "--layers", str(layers),
-               "--threads", str(threads), "--reps", str(reps)]
+               "--threads", str(threads), "--reps", str(reps), "--dtype", dtype]
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ""})
     if done.returncode != 0:
         return None, {}, f"official loop failed: {done.stderr.strip().splitlines()[-1:]}"
@@ -130,27 +140,44 @@ def build_rows(model, path: Path, records, scratch: Path, presets: Sequence[str]
 
 
 def typed_rows(path: Path, arts: Dict[str, Path], fasta: Path, residues: int, official: Optional[float],
-               threads: int, scratch: Path) -> List[str]:
+               bf16: Optional[float], threads: int, scratch: Path) -> List[str]:
     """``ptq-protein embed MODEL FASTA --out DIR`` as typed (default options), each a whole process, model load
-    included; the official loop's rate is its loop alone (its load is not counted: a bound in its favour)."""
-    rows = []
-    for name, model in [("FP32 .pth", path), *((f"{p} artifact", a) for p, a in arts.items())]:
-        out = scratch / f"typed-{threads}-{name.split()[0]}"
-        done = run_measured([*cli(), "embed", str(model), str(fasta), "--out", str(out)], child_env(threads, "native"))
+    included; the official loops' rates are their loops alone (their load is not counted: a bound in their
+    favour). Each artifact's speed is judged against ESM-2's goals: >= 2.5x the FP32 loop, >= 1.3x the BF16 one."""
+    runs = [("FP32 .pth", path, ()), *((("FP .pth --dtype bfloat16", path, ("--dtype", "bfloat16")),)
+                                       if has_bf16() else ()), *((f"{p} artifact", a, ()) for p, a in arts.items())]
+    rows, verdicts = [], []
+    for i, (name, model, extra) in enumerate(runs):
+        out = scratch / f"typed-{threads}-{i}"
+        done = run_measured([*cli(), "embed", str(model), str(fasta), "--out", str(out), *extra],
+                            child_env(threads, "native"))
         shutil.rmtree(out, ignore_errors=True)
         rate = residues / done.wall_s if done.returncode == 0 else None
         rows.append([f"ptq-protein embed {name}", f"{done.wall_s:.1f}", f"{rate:.0f}" if rate else done.failure(),
-                     f"{rate / official:.2f}x" if rate and official else "", f"{100 * done.kernel_share:.1f}%",
+                     f"{rate / official:.2f}x" if rate and official else "",
+                     f"{rate / bf16:.2f}x" if rate and bf16 else "", f"{100 * done.kernel_share:.1f}%",
                      f"{done.rss_gib:.2f}"])
+        if rate and name.endswith("artifact"):
+            verdicts.append(_verdict(name, rate, official, GOAL_VS_OFFICIAL, "the FP32 loop"))
+            verdicts.append(_verdict(name, rate, bf16, GOAL_VS_BF16, "the BF16 loop"))
     return [f"\nAs typed, {threads} thread(s): whole processes, model load included\n",
-            markdown_table(["command", "wall s", "residues/s", "vs official loop", "kernel share", "peak RSS GiB"],
-                           rows)]
+            markdown_table(["command", "wall s", "residues/s", "vs official loop", "vs official BF16", "kernel share",
+                            "peak RSS GiB"], rows), "", *filter(None, verdicts)]
 
 
-def report(timed: Dict[str, Tuple[float, float]], official: Optional[float], errors: Dict[str, float],
-           threads: int) -> List[str]:
+def _verdict(name: str, rate: float, anchor: Optional[float], goal: float, what: str) -> str:
+    if not anchor:
+        return ""
+    return (f"{name} as typed: {rate / anchor:.2f}x {what} (goal >= {goal}x: "
+            f"{'met' if rate / anchor >= goal else 'missed'})")
+
+
+def report(timed: Dict[str, Tuple[float, float]], official: Optional[float], bf16: Optional[float],
+           errors: Dict[str, float], threads: int) -> List[str]:
     rows = [[name, f"{rate:.0f}", f"{rate / official:.2f}x" if official else "",
              f"{100 * errors[name]:.2f}%" if name in errors else ""] for name, (rate, _) in timed.items()]
+    if bf16:
+        rows.insert(0, [OFFICIAL_BF16, f"{bf16:.0f}", f"{bf16 / official:.2f}x" if official else "", ""])
     if official:
         rows.insert(0, [OFFICIAL, f"{official:.0f}", "1.00x", ""])
     lines = [f"\n### {threads} thread(s)\n", markdown_table(["row", "residues/s", "vs official loop",
@@ -205,8 +232,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         residues = sum(len(s) for _, s in records)
         for threads in args.threads:
             official, means, why = official_row(args.official_python, path, fasta, size, threads, args.reps, scratch)
-            print("\n".join(report(time_rows(rows, threads, args.reps), official, errors, threads)))
-            print("\n".join(typed_rows(path, arts, fasta, residues, official, threads, scratch)))
+            bf16 = None
+            if has_bf16() and official:
+                bf16 = official_row(args.official_python, path, fasta, size, threads, args.reps, scratch,
+                                    "bfloat16")[0]
+            print("\n".join(report(time_rows(rows, threads, args.reps), official, bf16, errors, threads)))
+            print("\n".join(typed_rows(path, arts, fasta, residues, official, bf16, threads, scratch)))
             if why:
                 print(f"\n{why}")
             elif threads == args.threads[0]:
