@@ -52,8 +52,45 @@ def block_hadamard(x: Tensor, block: int) -> Tensor:
     *lead, channels = x.shape
     if channels % block:
         raise ValueError(f"a Hadamard block of {block} does not divide the {channels} channels")
+    if block > PRODUCT_WIDTH:
+        return _butterflies(x, block)
     h = _cached_matrix(block, x.dtype, x.device)
     return (x.reshape(*lead, channels // block, block) @ h).reshape(x.shape)
+
+
+# The widest Hadamard factor applied as a matrix product; a wider block adds one add/subtract pass per doubling.
+# Measured (one Zen 4 core, [1120, 3072] float32, block 128): one product with H_128 12.9 ms; H_32 then two
+# butterfly passes 7.7 ms; H_64 and one pass 9.8 ms; H_16 and three 9.2 ms.
+PRODUCT_WIDTH = 32
+
+
+def _butterflies(x: Tensor, block: int) -> Tensor:
+    """:func:`block_hadamard` by Sylvester's recursion: ``x H_b`` for ``x = [x_a, x_b]`` is
+    ``[(x_a + x_b) H_{b/2}, (x_a - x_b) H_{b/2}]``, so each run of :data:`PRODUCT_WIDTH` channels is multiplied by
+    the small matrix and the runs are then combined pairwise, once per doubling (fewer operations than the
+    ``b``-term products, hence no larger rounding). ``x`` is kept. Each pass writes its sums and differences into a
+    second buffer; under autograd or tracing (ONNX export) they are stacked instead: the same values, bit for bit,
+    so an exported graph computes what the model does.
+    """
+    width = PRODUCT_WIDTH
+    runs = block // width
+    y = torch.matmul(x.reshape(-1, width), _cached_matrix(width, x.dtype, x.device)).reshape(-1, runs, width)
+    buffers = not torch.jit.is_tracing() and not (x.requires_grad and torch.is_grad_enabled())
+    z = torch.empty_like(y) if buffers else None
+    stride = 1
+    while stride < runs:
+        shape = (-1, runs // (2 * stride), 2, stride, width)
+        pairs = y.reshape(shape)
+        a, b = pairs[:, :, 0], pairs[:, :, 1]
+        if buffers:
+            other = z.view(shape)
+            torch.add(a, b, out=other[:, :, 0])
+            torch.sub(a, b, out=other[:, :, 1])
+            y, z = z, y
+        else:
+            y = torch.stack((a + b, a - b), dim=2).reshape(-1, runs, width)
+        stride *= 2
+    return (y.mul_(1 / math.sqrt(runs)) if buffers else y * (1 / math.sqrt(runs))).reshape(x.shape)
 
 
 @functools.lru_cache(maxsize=16)

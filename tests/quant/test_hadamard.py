@@ -58,3 +58,20 @@ def test_sizes_without_a_sylvester_matrix_are_refused(bad):
 def test_a_block_that_does_not_divide_the_channels_is_refused():
     with pytest.raises(ValueError, match="does not divide the 24 channels"):
         block_hadamard(torch.zeros(2, 24), 16)
+
+
+@pytest.mark.parametrize("block", [64, 128, 512])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_wide_blocks_by_butterflies_equal_the_closed_form(block, dtype):
+    """Blocks wider than the matrix-product width run as a small product then add/subtract passes (Sylvester's
+    recursion): the block-diagonal product of the closed form within the dtype's rounding, and the same values
+    under autograd (stacked passes) as without (buffered passes)."""
+    x = torch.randn(3, 5, 2 * block, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    want = x @ torch.block_diag(*[_closed_form(block)] * 2)
+    got = block_hadamard(x.to(dtype), block)
+    assert got.dtype == dtype and got.shape == x.shape
+    tol = 1e-12 if dtype == torch.float64 else 2e-6
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=tol * float(x.abs().max()))
+    tracked = block_hadamard(x.to(dtype).requires_grad_(), block)
+    assert tracked.requires_grad and torch.equal(tracked.detach(), got)
+    tracked.sum().backward()  # differentiable: the stacked passes keep the graph
