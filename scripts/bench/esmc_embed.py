@@ -76,9 +76,9 @@ def write_model(size: str, folder: Path):
 
 def has_bf16() -> bool:
     """Whether the CPU lists bf16 instructions (the bf16 anchors run only there, as in ``bench embed``)."""
-    from bench.embed import cpu_flags
+    from bench.embed import bf16_absent
 
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+    return not bf16_absent("native")
 
 
 def official_row(python: str, path: Path, fasta: Path, size: str, threads: int, reps: int, folder: Path,
