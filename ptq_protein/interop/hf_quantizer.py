@@ -23,13 +23,13 @@ from typing import Any, Optional
 
 import torch
 from torch import nn
-from transformers import AutoConfig, PretrainedConfig
 from transformers.modeling_utils import PreTrainedModel
 from transformers.quantizers import auto as hf_auto
 from transformers.quantizers.base import HfQuantizer
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
-from ptq_protein.artifact.hf_files import HF_CONFIG, NO_CLASS_MODEL_TYPE, QUANT_METHOD, no_class_message
+from ptq_protein.artifact.hf_files import HF_CONFIG, QUANT_METHOD
+from ptq_protein.interop.hf_no_class import register_no_class_config
 from ptq_protein.models.float_dtypes import main_dtype
 
 __all__ = ["PtqProteinConfig", "PtqProteinQuantizer", "register", "save_pretrained", "push_to_hub", "graft_trunk"]
@@ -243,21 +243,9 @@ def _guard(name: str, ours):
     return method
 
 
-class NoTransformersClassConfig(PretrainedConfig):
-    """``config.json`` of an artifact of ptq-protein's own model class (ESM C): reading it is the refusal."""
-
-    model_type = NO_CLASS_MODEL_TYPE
-
-    def __init__(self, architectures: Optional[list] = None, **kwargs: Any):
-        raise ValueError(no_class_message((architectures or ["model"])[0]))
-
-
 def register() -> None:
     """Register the method and config with transformers; guard save_pretrained/push_to_hub/half/float (idempotent)."""
-    try:
-        AutoConfig.register(NO_CLASS_MODEL_TYPE, NoTransformersClassConfig)
-    except ValueError:  # registered already
-        pass
+    register_no_class_config()
     if QUANT_METHOD not in hf_auto.AUTO_QUANTIZATION_CONFIG_MAPPING:
         hf_auto.register_quantization_config(QUANT_METHOD)(PtqProteinConfig)
     if QUANT_METHOD not in hf_auto.AUTO_QUANTIZER_MAPPING:

@@ -1,6 +1,8 @@
 """An ESM C artifact: pp.load rebuilds it; transformers has no ESM C class, so from_pretrained refuses in one line."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -32,6 +34,20 @@ def test_from_pretrained_says_it_does_not_apply(artifact, cls):
     with pytest.raises(ValueError) as err:
         getattr(transformers, cls).from_pretrained(artifact)
     assert no_class_message("ESMC") in str(err.value) and "\n" not in str(err.value)
+
+
+def test_from_pretrained_refuses_in_one_line_in_a_fresh_process(artifact):
+    """What a user types in a new interpreter: ptq_protein imported, then transformers' AutoModel, whose
+    from_pretrained reads config.json before any model code loads (the quantizer's registration waits for that code;
+    the config entry must not)."""
+    code = ("import sys, ptq_protein, transformers\n"
+            "try:\n"
+            f"    transformers.AutoModel.from_pretrained({str(artifact)!r})\n"
+            "except ValueError as err:\n"
+            "    print(err)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == no_class_message("ESMC")
 
 
 def test_card_names_the_source_release_and_no_transformers_snippet(artifact):
