@@ -196,3 +196,18 @@ def test_pyproject_lists_every_package():
     found = {"ptq_protein." + ".".join(p.parent.relative_to(root / "ptq_protein").parts)
              for p in (root / "ptq_protein").rglob("__init__.py") if p.parent != root / "ptq_protein"}
     assert found - listed == set(), f"add to pyproject.toml packages: {sorted(found - listed)}"
+
+
+def test_pyproject_lists_every_data_folder():
+    """setuptools treats every folder inside a package as an importable package: one not listed is installed
+    only through package-data, with a "Package would be ignored" warning per folder (about 150 lines of
+    ``pip install``'s output). Listing the bundled data folders keeps the install quiet and their files installed
+    (the wheel built from this pyproject holds every file under ptq_protein/data)."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    listed = set(re.findall(r'^\s+"(ptq_protein[\w.]*)",', (root / "pyproject.toml").read_text(), flags=re.M))
+    folders = {"ptq_protein." + ".".join(p.relative_to(root / "ptq_protein").parts)
+               for p in (root / "ptq_protein").rglob("*") if p.is_dir() and p.name != "__pycache__"
+               and "__pycache__" not in p.parts and any(f.is_file() for f in p.iterdir())}
+    assert folders - listed == set(), f"add to pyproject.toml packages: {sorted(folders - listed)}"
