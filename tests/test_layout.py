@@ -211,3 +211,16 @@ def test_pyproject_lists_every_data_folder():
                for p in (root / "ptq_protein").rglob("*") if p.is_dir() and p.name != "__pycache__"
                and "__pycache__" not in p.parts and any(f.is_file() for f in p.iterdir())}
     assert folders - listed == set(), f"add to pyproject.toml packages: {sorted(folders - listed)}"
+
+
+def test_only_the_passes_read_the_study_flag():
+    """Which pipeline a config runs (ours or the study's) is decided in passes/ (``Recipe``), not re-read by
+    each caller: a caller asks the recipe (``not_streamed``, ``saved``, ``as_run``)."""
+    import re
+
+    root = Path(__file__).resolve().parents[1] / "ptq_protein"
+    reads = re.compile(r"\b(?:cfg|config|recipe|self\.config)\.study\b")
+    found = [f"{p.relative_to(root)}:{n}" for p in root.rglob("*.py")
+             if p.parent.name != "passes" and p.parent.name != "recipes"
+             for n, line in enumerate(p.read_text().splitlines(), start=1) if reads.search(line)]
+    assert not found, f"read the study flag through passes.recipe.Recipe instead: {found}"

@@ -73,6 +73,7 @@ from ptq_protein.kernels.packing import pack_int4
 from ptq_protein.models.architecture import describe_architecture
 from ptq_protein.models.float_dtypes import float_dtypes, main_dtype
 from ptq_protein.nn.modules import QuantInput, QuantLinear
+from ptq_protein.passes.recipe import resolve_recipe
 from ptq_protein.passes.site_report import report_markdown
 from ptq_protein.recipes.config import Backend, QuantConfig
 from ptq_protein.support.errors import ArtifactError
@@ -185,7 +186,7 @@ def _tensor_dict(qmodel: nn.Module, sites: Dict[str, Dict[str, Any]]) -> tuple:
 
 def check_saveable(config: QuantConfig) -> None:
     """Refuse a recipe no artifact can hold (the study reproductions): ask before calibrating, not after."""
-    if config.study is not None:
+    if not resolve_recipe(config).saved:
         raise ValueError(f"{config.name} reproduces the study in float simulation and is not saved as an "
                          "artifact: use it in memory (pp.quantize, eval structure), or save one of our recipes")
 

@@ -6,12 +6,16 @@ recipes and the study's are two pipelines: ours transforms, calibrates, fits and
 swaps; the study's calibrates with its own observers, attaches its quantizers and
 rounds its weights, as their notebook does. Adding a method is a pass file plus
 its place in one of these tuples.
+
+Whatever else depends on which pipeline a config runs (``--low-memory`` streams ours only, an artifact holds
+ours only, the study's W8 may find no tensor to round) is answered by :class:`Recipe`, so that no code outside
+this folder reads the config's ``study`` entry.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from torch import nn
 
@@ -67,6 +71,25 @@ class Recipe:
         if wanted and not chosen:
             raise InputError(f"recipe {cfg.name!r} selects no site of this model: check kinds/groups/include/exclude")
         return chosen
+
+    def not_streamed(self, plan) -> Optional[str]:
+        """Why ``--low-memory`` (our calibrate, fit and swap passes, layer by layer) cannot run this recipe, whose
+        calibration is ``plan``; None when it can."""
+        return "it is the study's own pipeline" if self.study else plan.own_pass
+
+    @property
+    def saved(self) -> bool:
+        """Whether an artifact can hold a model of this recipe (the study's reproductions run in float
+        simulation, in memory only)."""
+        return not self.study
+
+    def as_run(self, cfg: QuantConfig, state) -> QuantConfig:
+        """``cfg`` as it ran on a model whose ``ptq_state`` is ``state``: the study's W8 rounds tensors under its
+        own prefixes, and where it found none the weights stayed in floating point."""
+        if self.study and cfg.weights is not None and state is not None and not any(
+                str(how).startswith("W") for how in state.quantized.values()):
+            return cfg.replace(weights=None)
+        return cfg
 
 
 def resolve_recipe(cfg: QuantConfig) -> Recipe:

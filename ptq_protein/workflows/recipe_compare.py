@@ -18,6 +18,7 @@ from torch import nn
 from ptq_protein.api import CalibrationArg, CalibrationPass, calibration_records, crop_sequence, quantize
 from ptq_protein.eval.bench.fidelity import Reference, compare_to_reference, fidelity_sequences
 from ptq_protein.models.adapters import get_adapter
+from ptq_protein.passes.recipe import resolve_recipe
 from ptq_protein.recipes.config import QuantConfig, Scheme, TensorQuant
 from ptq_protein.recipes.presets import PRESETS, resolve_config
 from ptq_protein.recipes.site_plan import MixedPlan, UnitChoice
@@ -97,9 +98,7 @@ def recipe_row(cfg: QuantConfig, qmodel: nn.Module, references: Sequence[Referen
     metrics = compare_to_reference(qmodel, references, get_adapter(qmodel))
     state = getattr(qmodel, "ptq_state", None)
     plan = getattr(state, "plan", None)
-    if cfg.study is not None and cfg.weights is not None and state is not None and not any(
-            str(how).startswith("W") for how in state.quantized.values()):
-        cfg = cfg.replace(weights=None)  # the study's W8 found no tensor under its prefixes: the weights stayed FP
+    cfg = resolve_recipe(cfg).as_run(cfg, state)
     found = verdict(recipe_bound(cfg, plan), metrics)
     if plan is not None:
         return ComparisonRow(cfg.name, *plan_widths(plan), {"avg_bits": plan.avg_bits, **metrics}, found)

@@ -82,8 +82,8 @@ def quantize_streaming(path: Union[str, Path], config: Union[str, QuantConfig, d
     adapter = get_adapter(model)
     adapter.prepare(model)
     plan = plan_calibration(cfg, recipe.passes, recipe.select(discover_sites(model, adapter), cfg))
-    if recipe.study or plan.own_pass is not None:  # the float model is never whole: no transform, no study pass
-        why = "it is the study's own pipeline" if recipe.study else plan.own_pass
+    why = recipe.not_streamed(plan)  # the float model is never whole: no transform, no study pass
+    if why is not None:
         raise InputError(f"--low-memory streams our calibrate, fit and swap passes only, and recipe {cfg.name!r} "
                          f"needs more ({why}): quantize it without --low-memory")
     name, seqs = calibration_sequences(adapter, calibration, calib_max_length)
