@@ -19,6 +19,7 @@ from ptq_protein.support.process_memory import managed_heap
 # module name -> sub-commands it registers; order is the order shown in --help.
 _COMMAND_MODULES = (
     "ptq_protein.cli.quantize_cmd",
+    "ptq_protein.cli.presets_cmd",
     "ptq_protein.cli.fold_cmd",
     "ptq_protein.cli.embed_cmd",
     "ptq_protein.cli.score_cmd",

@@ -42,7 +42,8 @@ def register(subparsers) -> None:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--bits", type=int, help="4, 6 or 8: the default piecewise-linear recipe at that "
                                                 "width (default 8)")
-    group.add_argument("--preset", help="a named recipe (see README: w8a8-uniform, w8a8-pwlq, w8-only, w4a8-pwlq, ...)")
+    group.add_argument("--preset", help="a named recipe (w8a8-pwlq, w8a8-smoothquant, w8a8-rotate, ...; "
+                                        "'ptq-protein presets' lists all, one line each)")
     group.add_argument("--auto", action="store_true",
                        help="search a per-unit precision plan meeting --budget / --max-bits-avg (README: "
                             "Mixed precision)")
@@ -74,7 +75,8 @@ def _recipe_name(args: argparse.Namespace) -> str:
     from ptq_protein.recipes.presets import get_preset, preset_for_bits
 
     if args.preset is not None and not args.preset.strip():
-        raise ValueError("--preset '' names no recipe; give a preset name (see README: w8a8-pwlq, ...) or omit it")
+        raise ValueError("--preset '' names no recipe; give a preset name ('ptq-protein presets' lists them) "
+                         "or omit it")
     name = args.preset if args.preset is not None else preset_for_bits(args.bits if args.bits is not None else 8)
     from ptq_protein.artifact.save_load import check_saveable
 

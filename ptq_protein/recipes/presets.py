@@ -13,22 +13,63 @@ rows in floating point (``special_tokens="float"``); the study's include them.
 
 from __future__ import annotations
 
-from typing import Dict, Union
+from dataclasses import dataclass
+from typing import Dict, List, Union
 
 from ptq_protein.recipes import baselines, ours, study
-from ptq_protein.recipes.config import QuantConfig
+from ptq_protein.recipes.config import Granularity, QuantConfig, Scheme
 
-__all__ = ["PRESETS", "PRESET_DOCS", "get_preset", "resolve_config", "preset_for_bits"]
+__all__ = ["PRESETS", "PRESET_DOCS", "PRESET_GROUPS", "PresetLine", "preset_lines", "lm_point", "get_preset",
+           "resolve_config", "preset_for_bits"]
 
 _FAMILIES = (ours, baselines, study)
 
 PRESETS: Dict[str, QuantConfig] = {}
 PRESET_DOCS: Dict[str, str] = {}
+PRESET_GROUPS: Dict[str, str] = {}  # name -> the family file it comes from: "ours", "baselines" or "study"
 for _family in _FAMILIES:
     assert not set(_family.PRESETS) & set(PRESETS), f"{_family.__name__} redefines a preset"
     assert set(_family.PRESETS) == set(_family.DOCS), f"{_family.__name__}: every preset needs one doc line"
     PRESETS.update(_family.PRESETS)
     PRESET_DOCS.update(_family.DOCS)
+    PRESET_GROUPS.update(dict.fromkeys(_family.PRESETS, _family.__name__.rsplit(".", 1)[-1]))
+
+
+@dataclass(frozen=True)
+class PresetLine:
+    """One preset as ``ptq-protein presets`` lists it."""
+
+    name: str
+    group: str  # "ours", "baselines" or "study"
+    doc: str
+    esmc_only: bool  # the recipe rotates ESM C's SwiGLU product, which only ESM C has
+    lm_point: str  # "fast", "accurate" or "" (see lm_point)
+
+
+def preset_lines() -> List[PresetLine]:
+    """Every registered preset, in registry order (ours, the baselines, the study's)."""
+    return [PresetLine(name, PRESET_GROUPS[name], PRESET_DOCS[name], bool(cfg.rotate_ffn), lm_point(cfg))
+            for name, cfg in PRESETS.items()]
+
+
+def lm_point(cfg: QuantConfig) -> str:
+    """Where ``cfg`` sits for a language model, read from what it computes (not from a measurement).
+
+    ``"fast"``: uniform 8-bit activations, per tensor (static) or per token (dynamic), with integer weights of at
+    most 8 bits: every quantized Linear is one integer GEMM (a static per-tensor recipe runs ESM-2's fused
+    integer layer; a per-token one needs no calibration). ``"accurate"``: 8-bit piecewise-linear activations,
+    which keep the pre-LayerNorm outliers without clipping (the default, ``w8a8-pwlq``): several integer GEMMs
+    per site, about float speed. ``""``: neither (weights only, FP8, other widths, the study's reproductions).
+    """
+    acts, weights = cfg.activations, cfg.weights
+    if acts is None or weights is None or cfg.study is not None or acts.bits != 8:
+        return ""
+    if acts.scheme is Scheme.PWLQ:
+        return "accurate"
+    one_gemm = acts.granularity in (Granularity.PER_TENSOR, Granularity.PER_TOKEN)
+    if acts.scheme is Scheme.UNIFORM and one_gemm and weights.scheme is Scheme.UNIFORM and weights.bits <= 8:
+        return "fast"
+    return ""
 
 
 def get_preset(name: str) -> QuantConfig:
