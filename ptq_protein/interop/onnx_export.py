@@ -39,6 +39,7 @@ from torch import nn
 
 from ptq_protein.interop.onnx_qdq import OnnxActQuant, OnnxLinear, SpecialRows
 from ptq_protein.interop.onnx_vocab import check_vocab_out, vocab_for, write_vocab
+from ptq_protein.models.lm_outputs import lm_info
 from ptq_protein.models.tokens import esmc_vocab
 from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.nn.special_tokens import SpecialTokenContext
@@ -171,8 +172,8 @@ class _Exported(nn.Module):
             for idx in self.context.special_ids:
                 special = special | (input_ids == idx)
             self.rows.mask = (special.t() if self.kind == "fair-esm" else special)[..., None]
-        if self.kind in ("fair-esm", "esmc"):  # both number repr_layers alike and return a dict
-            last = self.exported.num_layers
+        if self.kind in ("fair-esm", "esmc"):  # both take repr_layers and return a dict; ESM C's last is its norm
+            last = lm_info(self.exported).last_layer
             out = self.exported(input_ids, repr_layers=range(last + 1) if self.hidden_states else [last])
             logits, layers = out["logits"], [out["representations"][i] for i in sorted(out["representations"])]
         else:

@@ -16,9 +16,11 @@ attention, transformer_stack, rotary, regression_head}.py`` of ``esm`` 3.2.1.pos
 * a final LayerNorm (no bias) and the sequence head: Linear, GELU, LayerNorm, Linear to 64 logits.
 
 Module names are the official state dict's, so ``esmc_300m_2024_12_v0.pth`` / ``esmc_600m_2024_12_v0.pth``
-load as they are (``strict=True``). Layers are numbered as in fair-esm's ``repr_layers``: 0 is the token
-embedding, ``i`` the output of block ``i`` (the official ``hidden_states[i - 1]``), and ``n_layers`` the
-final LayerNorm's output (the official ``embeddings``, from which the logits are computed).
+load as they are (``strict=True``). ``repr_layers`` count as fair-esm's do from the embedding, and every block
+is one: 0 is the token embedding, ``i`` in ``1..n_layers`` the output of block ``i`` (the official
+``hidden_states[i - 1]``), and ``n_layers + 1`` (:attr:`ESMC.final_norm_layer`, ``-1`` from the end) the final
+LayerNorm's output (the official ``embeddings``, from which the logits are computed). fair-esm's ESM-2 has one
+index for its last block and its final LayerNorm (``num_layers``, after the LayerNorm); ESM C keeps them apart.
 
 One addition of ours, off by default: ``ffn_rotation`` rotates each SwiGLU product by a block Hadamard matrix
 online (QuaRot's rotation before the down projection), for 8-bit per-token activations at ``ffn.3``.
@@ -187,9 +189,9 @@ class ESMC(nn.Module):
     --------
     >>> model = ESMC(d_model=64, n_heads=4, n_layers=2).eval()
     >>> tokens = torch.tensor([[0, 20, 15, 11, 2]])  # <cls> M K T <eos>
-    >>> out = model(tokens, repr_layers=[2])
-    >>> out["logits"].shape, out["representations"][2].shape
-    (torch.Size([1, 5, 64]), torch.Size([1, 5, 64]))
+    >>> out = model(tokens, repr_layers=[2, 3])  # block 2's output and the final LayerNorm's (2 + 1)
+    >>> out["logits"].shape, out["representations"][2].shape, torch.equal(out["representations"][3], out["embeddings"])
+    (torch.Size([1, 5, 64]), torch.Size([1, 5, 64]), True)
     """
 
     pad_id, bos_id, eos_id, mask_id = PAD_ID, BOS_ID, EOS_ID, MASK_ID
@@ -207,6 +209,11 @@ class ESMC(nn.Module):
         return self.d_model
 
     @property
+    def final_norm_layer(self) -> int:
+        """The ``repr_layers`` index of the final LayerNorm's output (``n_layers + 1``; ``-1`` counts to it)."""
+        return self.num_layers + 1
+
+    @property
     def ffn_rotation(self) -> int:
         """The Hadamard block of the SwiGLU products (0: none), read from the modules: a transform may set it."""
         blocks = {m.rotation for m in self.modules() if isinstance(m, SwiGLU)}
@@ -217,7 +224,9 @@ class ESMC(nn.Module):
 
     def forward(self, sequence_tokens: Tensor, repr_layers: Iterable[int] = ()) -> Dict[str, object]:
         """Logits [B, T, 64], ``embeddings`` [B, T, C] (after the final LayerNorm) and the ``repr_layers`` asked
-        for, ``{layer: [B, T, C]}``. ``sequence_tokens`` [B, T]: ids with BOS/EOS, padded with id 1."""
+        for, ``{layer: [B, T, C]}``: 0 the token embedding, ``1..n_layers`` the blocks' outputs,
+        :attr:`final_norm_layer` the final LayerNorm's. ``sequence_tokens`` [B, T]: ids with BOS/EOS, padded with
+        id 1."""
         keep = set(repr_layers)
         computed = sequence_tokens != self.pad_id
         same_kind = (computed[:, :, None] == computed[:, None, :]).unsqueeze(1)
@@ -226,9 +235,9 @@ class ESMC(nn.Module):
         reps = {0: x} if 0 in keep else {}
         for i, block in enumerate(self.transformer.blocks, start=1):
             x = block(x, same_kind, rope)
-            if i in keep and i < self.num_layers:
+            if i in keep:
                 reps[i] = x
         x = self.transformer.norm(x)
-        if self.num_layers in keep:
-            reps[self.num_layers] = x
+        if self.final_norm_layer in keep:
+            reps[self.final_norm_layer] = x
         return {"logits": self.sequence_head(x), "embeddings": x, "representations": reps}

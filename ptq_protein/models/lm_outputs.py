@@ -7,7 +7,8 @@ the hidden states of chosen layers, the logits and the contact map. fair-esm's
 fair-esm's layer ``i``: 0 the embeddings, the last one after the final
 LayerNorm) and ``predict_contacts``, which needs eager attention; ptq-protein's
 ESM C (:mod:`~ptq_protein.models.esmc`) numbers its ``repr_layers`` as fair-esm does
-and has no contact head. This module hides those differences; it knows nothing of
+up to its last block and gives its final LayerNorm an index of its own (one more), and
+has no contact head. This module hides those differences; it knows nothing of
 files or batching.
 
 Float and quantized models are called the same way (a quantized model keeps
@@ -52,6 +53,21 @@ class LMInfo:
     has_lm_head: bool
     has_contact_head: bool
 
+    @property
+    def last_layer(self) -> int:
+        """The highest ``repr_layers`` index (``-1`` counts to it): the final LayerNorm's output. ESM-2 gives it
+        ``num_layers``, which is its last block's output after that LayerNorm (fair-esm's numbering); ESM C
+        ``num_layers + 1``, so that ``num_layers`` stays its last block's own output."""
+        return self.num_layers + 1 if self.family == "esmc" else self.num_layers
+
+    @property
+    def layer_words(self) -> str:
+        """What the indices ``0..last_layer`` are, in words."""
+        if self.family == "esmc":
+            return (f"0 = embeddings, 1..{self.num_layers} = the blocks' outputs, {self.last_layer} = the final "
+                    "LayerNorm's (the official embeddings)")
+        return f"0 = embeddings, {self.num_layers} = after the final LayerNorm"
+
 
 def lm_info(model: nn.Module) -> LMInfo:
     """:class:`LMInfo` of a fair-esm ``ESM2`` or a transformers ESM language model; ``TypeError`` otherwise."""
@@ -75,8 +91,11 @@ def lm_info(model: nn.Module) -> LMInfo:
                     "from one, or ESM C (ptq_protein.models.esmc.ESMC); ESMFold folds: use 'ptq-protein fold'")
 
 
-def normalize_layers(layers: Sequence[int], num_layers: int) -> list:
+def normalize_layers(layers: Sequence[int], num_layers: int, words: str = "0 = embeddings") -> list:
     """fair-esm's ``repr_layers``: ``-1`` is the last layer; each index in ``[-(n+1), n]``, deduplicated, in order.
+
+    ``num_layers``: the highest index (:attr:`LMInfo.last_layer`); ``words``: what the indices are, for the
+    message (:attr:`LMInfo.layer_words`).
 
     >>> normalize_layers([0, -1, 6], 12)
     [0, 12, 6]
@@ -84,7 +103,7 @@ def normalize_layers(layers: Sequence[int], num_layers: int) -> list:
     out = []
     for layer in layers:
         if not -(num_layers + 1) <= layer <= num_layers:
-            raise ValueError(f"layer {layer} does not exist: this model has layers 0..{num_layers} (0 = embeddings; "
+            raise ValueError(f"layer {layer} does not exist: this model has layers 0..{num_layers} ({words}; "
                              f"negative counts from the end, -1 = {num_layers})")
         index = (layer + num_layers + 1) % (num_layers + 1)
         if index not in out:
@@ -103,7 +122,7 @@ def lm_tokens(sequences: Sequence[str]) -> torch.Tensor:
 @torch.no_grad()
 def lm_forward(model: nn.Module, tokens: torch.Tensor, repr_layers: Sequence[int] = (), *,
                contacts: bool = False, logits: bool = True) -> LMOutputs:
-    """Run ``model`` on ESM ``tokens`` [B, T]; ``repr_layers`` are indices in ``0..num_layers``.
+    """Run ``model`` on ESM ``tokens`` [B, T]; ``repr_layers`` are indices in ``0..last_layer`` (:class:`LMInfo`).
 
     Padding is masked (transformers: ``attention_mask``; fair-esm masks its padding
     itself). Outputs come back on the CPU in float32, whatever the model's device or dtype.

@@ -91,7 +91,7 @@ def embed_all(model: nn.Module, records: Sequence[Tuple[str, str]], batches: Seq
                          "--include, or use a model with its head (EsmForMaskedLM)")
     if "contacts" in options.include and not info.has_contact_head:
         raise ValueError(f"{type(model).__name__} has no contact head; leave 'contacts' out of --include")
-    layers = normalize_layers(options.repr_layers, info.num_layers)
+    layers = normalize_layers(options.repr_layers, info.last_layer, info.layer_words)
     stats = EmbedStats()
     start = time.perf_counter()
     residues = [sum(len(records[i][1]) for i in batch) for batch in batches]

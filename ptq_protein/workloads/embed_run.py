@@ -84,9 +84,10 @@ class EmbedRun:
     def _run(self, model: nn.Module, model_identity: Mapping[str, Any], max_memory: Optional[int],
              show_progress: bool) -> EmbedReport:
         info = lm_info(model)
-        normalize_layers(self.options.repr_layers, info.num_layers)  # a layer the model lacks: refused now
+        layers = normalize_layers(self.options.repr_layers, info.last_layer, info.layer_words)  # refused now
         budget = process_budget(max_memory)  # validated before anything is written
-        written = self.folder.bind({**model_identity, "ptq_protein": __version__.split("+")[0]})
+        numbering = {"repr_layers": info.layer_words} if info.family == "esmc" else {}  # see docs/esmc.md, Layers
+        written = self.folder.bind({**model_identity, **numbering, "ptq_protein": __version__.split("+")[0]})
         cut = self.options.truncation_seq_length
         records = [(label, seq[:cut]) for label, seq in self.records]
         mine = self.shard.select([len(seq) for _, seq in records])
@@ -98,7 +99,7 @@ class EmbedRun:
         subset = [records[i] for i in todo]
         lengths = [len(seq) for _, seq in subset]
         plan = token_batches(lengths, self.options.toks_per_batch)
-        kept = len(set(normalize_layers(self.options.repr_layers, info.num_layers)))
+        kept = len(layers)
         batches, too_big = fit_batches(plan.batches, lengths, [label for label, _ in subset], info, budget,
                                        resident_bytes(), kept_layers=kept if self.options.wants_representations else 0,
                                        contacts="contacts" in self.options.include,

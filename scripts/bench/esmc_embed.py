@@ -102,9 +102,9 @@ def official_row(python: str, path: Path, fasta: Path, size: str, threads: int, 
 
 
 def fp_means(model, records) -> Dict[str, torch.Tensor]:
-    from ptq_protein.models.lm_outputs import lm_forward, lm_tokens
+    from ptq_protein.models.lm_outputs import lm_forward, lm_info, lm_tokens
 
-    n = model.num_layers
+    n = lm_info(model).last_layer  # the final LayerNorm's output, as embed --repr-layers -1
     return {label: lm_forward(model, lm_tokens([seq]), [n]).representations[n][0, 1:-1].mean(0)
             for label, seq in records}
 

@@ -91,8 +91,8 @@ def per_token_error(reference, model, records) -> float:
     num, den = 0.0, 0.0
     for _, seq in records:
         tokens = lm_tokens([seq])
-        a = lm_forward(reference, tokens, [lm_info(reference).num_layers]).representations
-        b = lm_forward(model, tokens, [lm_info(model).num_layers]).representations
+        a = lm_forward(reference, tokens, [lm_info(reference).last_layer]).representations
+        b = lm_forward(model, tokens, [lm_info(model).last_layer]).representations
         a, b = next(iter(a.values()))[0, 1:-1], next(iter(b.values()))[0, 1:-1].float()
         num, den = num + float((a - b).pow(2).sum()), den + float(a.pow(2).sum())
     return (num / den) ** 0.5

@@ -22,6 +22,7 @@ import torch
 
 import ptq_protein as pp
 from ptq_protein.models.adapters import get_adapter
+from ptq_protein.models.lm_outputs import lm_info
 from ptq_protein.support.errors import InputError
 
 pytest.importorskip("onnxruntime")
@@ -65,8 +66,9 @@ def _torch_outputs(model, ids):
     """(logits, last_hidden_state) as torch computes them, from the model's own forward."""
     with torch.no_grad():
         if type(model).__name__ in ("ESM2", "ESMC"):
-            out = model(ids, repr_layers=[model.num_layers])
-            return out["logits"], out["representations"][model.num_layers]
+            last = lm_info(model).last_layer  # ESM C: its final LayerNorm's index, one past its last block
+            out = model(ids, repr_layers=[last])
+            return out["logits"], out["representations"][last]
         out = model(input_ids=ids, attention_mask=(ids != 1).long(), output_hidden_states=True)
         return out.logits, out.hidden_states[-1]
 

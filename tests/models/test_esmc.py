@@ -85,16 +85,18 @@ def test_outputs_equal_the_official_class_within_1e_5(reference, ours, path):
     assert (want["input"] == 1).any(), "the fixture batch has padding (its rows are compared too)"
 
 
-def test_representations_number_layers_as_fair_esm(reference, ours):
+def test_representations_reach_every_block_and_the_final_norm(reference, ours):
+    """0 the embedding, i in 1..n block i's own output (the official hidden_states[i - 1], the last block's
+    included), n + 1 the final LayerNorm's (the official embeddings)."""
     info, want = reference
     n = info["config"]["n_layers"]
     with torch.no_grad():
-        reps = ours(want["input"], repr_layers=range(n + 1))["representations"]
-    assert sorted(reps) == list(range(n + 1))
+        reps = ours(want["input"], repr_layers=range(n + 2))["representations"]
+    assert sorted(reps) == list(range(n + 2)) and ours.final_norm_layer == n + 1
     torch.testing.assert_close(reps[0], ours.embed(want["input"]))
-    for i in range(1, n):
+    for i in range(1, n + 1):
         torch.testing.assert_close(reps[i], want["hidden_states"][i - 1], rtol=0, atol=TOLERANCE)
-    torch.testing.assert_close(reps[n], want["embeddings"], rtol=0, atol=TOLERANCE)  # after the final LayerNorm
+    torch.testing.assert_close(reps[n + 1], want["embeddings"], rtol=0, atol=TOLERANCE)  # after the final LayerNorm
 
 
 def test_tokenizers_give_the_official_ids(reference):

@@ -34,7 +34,7 @@ def artifact(tmp_path_factory) -> Path:
     return out
 
 
-def _direct(model, sequence: str, layers=(0, 1, 2)):
+def _direct(model, sequence: str, layers=(0, 1, 2, 3)):
     """One sequence alone through the model's own forward: ({layer: [L, C]}, logits [L, 64]) of its residues."""
     tokens = tokenize_esmc([sequence])[0]
     with torch.no_grad():
@@ -50,18 +50,19 @@ def test_embed_equals_each_sequence_alone(tmp_path, artifact, fmt):
     fasta.write_text("".join(f">{k}\n{v}\n" for k, v in SEQS.items()))
     out = tmp_path / "emb"
     assert cli("embed", artifact, fasta, "--out", out, "--include", "mean", "per_tok", "bos", "logits",
-               "--repr-layers", "0", "1", "-1", "--format", fmt) == 0
+               "--repr-layers", "0", "1", "2", "-1", "--format", fmt) == 0
     got = read_embeddings(out)
     model = pp.load(artifact)
     for label, seq in SEQS.items():
         reps, logits = _direct(model, seq)
         entry = got[label]
-        for layer in (0, 1, 2):
+        assert sorted(entry["representations"]) == [0, 1, 2, 3]  # block 2 and the final LayerNorm: two keys
+        for layer in (0, 1, 2, 3):
             torch.testing.assert_close(entry["representations"][layer], reps[layer], atol=2e-5, rtol=1e-5)
             torch.testing.assert_close(entry["mean_representations"][layer], reps[layer].mean(0), atol=2e-5,
                                        rtol=1e-5)
         torch.testing.assert_close(entry["logits"], logits, atol=2e-5, rtol=1e-5)
-        assert entry["bos_representations"][2].shape == (64,)
+        assert entry["bos_representations"][3].shape == (64,)
 
 
 def test_a_rotated_artifact_quantizes_and_embeds_from_the_cli(tmp_path):
@@ -76,7 +77,7 @@ def test_a_rotated_artifact_quantizes_and_embeds_from_the_cli(tmp_path):
     assert model.ffn_rotation == 128
     got = read_embeddings(out)
     for label, seq in SEQS.items():
-        torch.testing.assert_close(got[label]["representations"][2], _direct(model, seq, (2,))[0][2],
+        torch.testing.assert_close(got[label]["representations"][3], _direct(model, seq, (3,))[0][3],
                                    atol=2e-5, rtol=1e-5)
 
 
@@ -206,3 +207,21 @@ def test_eval_variants_measures_drift_on_esmc(tmp_path, esmc):
     changed = np.array([[aa != wt for aa in AMINO_ACIDS] for wt in PROTEIN])
     drift = float(rows["w8a8-pwlq"]["spearman_vs_fp"])
     assert 0.99 < drift < 1.0 and drift == pytest.approx(spearmanr(q[changed], fp[changed])[0], abs=1e-6)
+
+
+def test_every_block_and_the_final_norm_are_layers_of_their_own(tmp_path, artifact, capsys):
+    """ESM C: 1..n the blocks' own outputs, n + 1 (= -1) the final LayerNorm's; a layer past it is refused naming
+    what the numbers are."""
+    fasta = tmp_path / "s.fasta"
+    fasta.write_text(">a\nMKTAYIAKQR\n")
+    assert cli("embed", artifact, fasta, "--out", tmp_path / "e", "--include", "per_tok",
+               "--repr-layers", "2", "-1") == 0
+    reps = read_embeddings(tmp_path / "e")["a"]["representations"]
+    model = pp.load(artifact)
+    with torch.no_grad():
+        out = model(tokenize_esmc(["MKTAYIAKQR"])[0], repr_layers=[2])
+    assert sorted(reps) == [2, 3]
+    torch.testing.assert_close(reps[3], out["embeddings"][0, 1:-1], atol=2e-5, rtol=1e-5)
+    assert not torch.allclose(reps[2], reps[3], atol=1e-3)  # block 2's own output is not the LayerNorm's
+    assert cli("embed", artifact, fasta, "--out", tmp_path / "f", "--repr-layers", "4") == 2
+    assert "final LayerNorm" in capsys.readouterr().err
