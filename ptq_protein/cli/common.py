@@ -6,7 +6,7 @@ import argparse
 import json
 import re
 import sys
-from typing import Any, Optional
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple
 
 
 def add_runtime_options(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +41,24 @@ def resolve_device(name: str) -> str:
 def print_json(obj: Any) -> None:
     json.dump(obj, sys.stdout, indent=2, sort_keys=True, default=str)
     sys.stdout.write("\n")
+
+
+def input_notes(records: Iterable[Tuple[str, str]], changes: Mapping[str, str],
+                more: Optional[Callable[[str], str]] = None) -> Dict[str, str]:
+    """name -> one line saying what reading (``changes``, as ``read_fasta`` fills it) and ``more(sequence)`` (what
+    the model itself changes) did to that sequence; only sequences something changed."""
+    notes = {}
+    for name, seq in records:
+        said = [n for n in (changes.get(name, ""), more(seq) if more else "") if n]
+        if said:
+            notes[name] = f"{name}: " + "; ".join(said)
+    return notes
+
+
+def say_input_changes(command: str, notes: Mapping[str, str]) -> None:
+    """One stderr line per changed sequence (:func:`input_notes`)."""
+    for line in notes.values():
+        print(f"ptq-protein {command}: {line}", file=sys.stderr)
 
 
 def show_progress(args: argparse.Namespace) -> bool:

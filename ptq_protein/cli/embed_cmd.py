@@ -8,8 +8,10 @@ import sys
 from ptq_protein.cli.common import (
     add_duplicates_option,
     add_runtime_options,
+    input_notes,
     memory_size,
     resolve_device,
+    say_input_changes,
     show_progress,
 )
 from ptq_protein.cli.models_arg import (
@@ -83,12 +85,15 @@ def run(args: argparse.Namespace) -> int:
     shard = choose_shard(args.shard)
     device = rank_device(resolve_device(args.device))
     check_budget(max_memory, resident_bytes(), "before loading the model")
-    job = EmbedRun(fasta_labels(args.fasta, args.duplicates), args.out, options, shard,
+    changes: dict = {}
+    records = fasta_labels(args.fasta, args.duplicates, changes)
+    job = EmbedRun(records, args.out, options, shard,
                    {"backend": run_backend(args, artifact, device), "dtype": args.dtype or "float32"},
                    model_hint=model_hint(args, artifact))
     model, identity = load_model_or_artifact(args, artifact, device)
     report = job.run(model, identity, max_memory, show_progress=show_progress(args))
     _summary(report, args.out, shard)
+    say_input_changes("embed", input_notes(records, changes))
     for reason in report.refused.values():
         print(f"ptq-protein embed: not embedded: {reason}", file=sys.stderr)
     return 2 if report.refused else 0

@@ -11,9 +11,11 @@ from ptq_protein.cli.common import (
     add_duplicates_option,
     add_json_option,
     add_runtime_options,
+    input_notes,
     memory_size,
     print_json,
     resolve_device,
+    say_input_changes,
     show_progress,
 )
 from ptq_protein.cli.models_arg import (
@@ -69,7 +71,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from ptq_protein import __version__
     from ptq_protein.data.fasta import read_fasta
-    from ptq_protein.eval.bench.folding import check_fold_folder, fold_to_pdbs, require_esmfold
+    from ptq_protein.eval.bench.folding import check_fold_folder, esmfold_input_notes, fold_to_pdbs, require_esmfold
     from ptq_protein.models.adapters import ESM2_MAX_RESIDUES, ESM_ALPHABET_LETTERS
     from ptq_protein.support.digests import records_digest
     from ptq_protein.support.io_utils import check_out_path
@@ -91,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
                             "dtype": args.dtype or "float32"}}
     check_fold_folder(Path(args.out), identity, model_hint(args, artifact))  # another run's folder: refused now
     records = [records[i] for i in shard.select([len(seq) for _, seq in records])]
-    notes = _input_notes(records, changes)
+    notes = input_notes(records, changes, esmfold_input_notes)  # what reading and ESMFold change
     model, model_identity = load_model_or_artifact(args, artifact, rank_device(resolve_device(args.device)))
     require_esmfold(model)
     if args.pair_bits is not None:
@@ -105,18 +107,6 @@ def run(args: argparse.Namespace) -> int:
                            shard_tag=None if shard.count == 1 else shard.tag, identity=identity)
     _report(args, model, written, refused, notes)
     return 2 if refused else 0
-
-
-def _input_notes(records, changes: dict) -> dict:
-    """id -> one line saying what reading and ESMFold change in that sequence (only sequences something changed)."""
-    from ptq_protein.eval.bench.folding import esmfold_input_notes
-
-    notes = {}
-    for seq_id, seq in records:
-        said = [n for n in (changes.get(seq_id, ""), esmfold_input_notes(seq)) if n]
-        if said:
-            notes[seq_id] = f"{seq_id}: " + "; ".join(said)
-    return notes
 
 
 def _report(args: argparse.Namespace, model, written: dict, refused: dict, notes: dict) -> None:
@@ -142,7 +132,6 @@ def _report(args: argparse.Namespace, model, written: dict, refused: dict, notes
         for seq_id, folded in written.items():
             ptm = "-" if folded.ptm is None else f"{folded.ptm:.3f}"
             print(f"{seq_id}\tmean pLDDT {folded.plddt:.1f}\tpTM {ptm}\t{folded.path}")
-    for line in list(notes.values()) + ([no_pae] if no_pae else []):
-        print(f"ptq-protein fold: {line}", file=sys.stderr)
+    say_input_changes("fold", {**notes, **({"pae": no_pae} if no_pae else {})})
     for reason in refused.values():
         print(f"ptq-protein fold: not folded: {reason}", file=sys.stderr)

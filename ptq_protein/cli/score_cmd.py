@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ptq_protein.cli.common import add_runtime_options, resolve_device, show_progress
+from ptq_protein.cli.common import add_runtime_options, input_notes, resolve_device, say_input_changes, show_progress
 from ptq_protein.cli.models_arg import (
     MODEL_HELP,
     add_backend_option,
@@ -62,6 +62,7 @@ def add_scoring_options(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ptq_protein.data.fasta import cleaning_note
     from ptq_protein.workloads.score_job import plan_scores, run_scores
 
     artifact = check_model_or_artifact(args, "score")
@@ -73,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
                         title=f"{column}, {len(job.sequence)} residues")
     print(f"scored {report.mutants} mutants ({job.strategy.value}) in {report.seconds:.1f} s into {report.csv}"
           + (f"; heatmap {report.figure}" if report.figure else ""))
+    wild_type = {"--sequence": cleaning_note(args.sequence)}  # what reading changed: lower case, a terminal '*'
+    say_input_changes("score", input_notes([("--sequence", args.sequence)], wild_type))
     return 0
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "read_fasta",
     "read_fasta_records",
     "validate_sequence",
+    "cleaning_note",
     "write_fasta",
 ]
 
@@ -48,6 +49,13 @@ ESM_AMINO_ACIDS = STANDARD_AMINO_ACIDS + "XBUZO"
 #: ESM-2 has 1024 positions; two are taken by the BOS and EOS tokens (fair-esm ESM-2 paper).
 ESM2_MAX_RESIDUES = 1022
 
+#: Letters ESM's own tokenizers read (ESM C's encodes each), and why they are refused here.
+_LETTER_HINTS = {
+    "-": " (an alignment gap: sequences are read unaligned, though ESM's own tokenizers encode it, id 30)",
+    ".": " (an alignment gap: sequences are read unaligned, though ESM's own tokenizers encode it, id 29)",
+    "_": " (a masked position in EvolutionaryScale's package, its <mask>: residues only are read here)",
+    "|": " (ESM C's chain break: one chain per sequence is read here)",
+}
 _DUPLICATE_POLICIES = ("error", "rename")
 _MAX_SNIPPET = 40
 
@@ -105,7 +113,7 @@ def read_fasta_records(source: PathOrText, *, alphabet: str = ESM_AMINO_ACIDS,
     records, lines, notes = [], [], []
     for header_line, name, description, chunks in raw:
         sequence = _clean_sequence("".join(chunks))
-        notes.append(_cleaning_note("".join(chunks)))
+        notes.append(cleaning_note("".join(chunks)))
         if not sequence:
             raise InputError(f"{label}: record {name!r} (line {header_line}) has an empty sequence; "
                              "add its residues on the lines after the header or remove the header")
@@ -149,8 +157,8 @@ def validate_sequence(sequence: str, *, alphabet: str = ESM_AMINO_ACIDS, max_len
     for position, letter in enumerate(cleaned, start=1):
         if letter not in allowed:
             raise InputError(
-                f"{where}: invalid letter {letter!r} at position {position}; allowed letters are {alphabet}; "
-                "replace it (X stands for an unknown residue) or remove it")
+                f"{where}: invalid letter {letter!r} at position {position}{_LETTER_HINTS.get(letter, '')}; "
+                f"allowed letters are {alphabet}; replace it (X stands for an unknown residue) or remove it")
     if max_length is not None and len(cleaned) > max_length:
         raise InputError(
             f"{where}: {len(cleaned)} residues is longer than the limit of {max_length} "
@@ -244,7 +252,7 @@ def _clean_sequence(sequence: str) -> str:
     return cleaned[:-1] if cleaned.endswith("*") else cleaned
 
 
-def _cleaning_note(raw: str) -> str:
+def cleaning_note(raw: str) -> str:
     """What :func:`_clean_sequence` changes in ``raw``, in words ("" for nothing worth saying)."""
     said = []
     lower = sum(1 for ch in raw if ch.islower())

@@ -33,17 +33,22 @@ __all__ = ["EmbedRun", "EmbedReport", "fasta_labels"]
 log = logging.getLogger(__name__)
 
 
-def fasta_labels(path, duplicates: str = "error") -> List[Tuple[str, str]]:
+def fasta_labels(path, duplicates: str = "error", changes: Optional[Dict[str, str]] = None) -> List[Tuple[str, str]]:
     """(label, sequence) of every record; the label is the whole header, as fair-esm's ``FastaBatchedDataset``.
 
     Letters outside the ESM alphabet, duplicate ids (both named; ``duplicates="rename"``
     names the k-th repeat ``<id>#k`` instead) and an empty file are refused in one
-    line naming the file.
+    line naming the file. ``changes``, if given, is filled with label -> what reading changed in that sequence
+    (lower case read as upper case, a terminal ``*`` dropped).
     """
-    records = read_fasta_records(Path(path), alphabet=ESM_AMINO_ACIDS, duplicates=duplicates)
+    found: Dict[str, str] = {}
+    records = read_fasta_records(Path(path), alphabet=ESM_AMINO_ACIDS, duplicates=duplicates, changes=found)
     if not records:
         raise ValueError(f"{path} holds no FASTA records; give a file with '>id' headers and sequences")
-    return [(f"{r.id} {r.description}".strip(), r.sequence) for r in records]
+    labels = [(f"{r.id} {r.description}".strip(), r.sequence) for r in records]
+    if changes is not None:
+        changes.update({label: found[r.id] for (label, _), r in zip(labels, records) if r.id in found})
+    return labels
 
 
 @dataclass
