@@ -9,10 +9,12 @@ the first whose predicted peak fits is used for this sequence only. The
 prediction starts from what the process holds before the fold (freed heap pages
 returned first) when that is more than the model's runtime and weights.
 
-After each fold its own peak is read (``VmHWM``, restarted before the fold). A fold
-that peaked more than :data:`TOLERANCE` over its prediction is reported in one line,
-and every later fold of that model in this process is planned with the measured
-ratio as a margin, so the same miss cannot repeat in a run of many sequences.
+While each fold runs, its own peak is polled (:class:`~ptq_protein.support.rss_peak.PeakSampler`: the
+process's resident size read every 5 ms; the kernel's peak mark, which ``/usr/bin/time`` and
+``ru_maxrss`` report, is never reset). A fold that peaked more than :data:`TOLERANCE` over
+its prediction, or over the budget, is reported in one line, and every later fold of that
+model in this process is planned with the measured ratio as a margin, so the same miss
+cannot repeat in a run of many sequences.
 """
 
 from __future__ import annotations
@@ -27,11 +29,10 @@ from torch import nn
 from ptq_protein.models.fold_memory import CHUNK_CHOICES, FoldPlan, choose_plan, dims_of, predict_peak
 from ptq_protein.support.errors import InputError
 from ptq_protein.support.process_memory import release_freed_memory
+from ptq_protein.support.rss_peak import PeakSampler
 from ptq_protein.workflows.memory_budget import (  # noqa: F401 (DEFAULT_SHARE re-exported)
     DEFAULT_SHARE,
-    peak_resident_bytes,
     process_budget,
-    reset_peak_resident,
     resident_bytes,
 )
 
@@ -79,28 +80,33 @@ def planned_fold(model: nn.Module, length: int, max_memory: Optional[int] = None
         log.warning("%d residues: predicted peak %.1f GiB within the %.1f GiB budget with %s (the model's: %s)",
                     length, predicted * margin / _GIB, budget / _GIB, plan.describe(),
                     "unchunked" if own is None else own)
-    measured = reset_peak_resident()
     trunk.set_chunk_size(plan.chunk)
+    sampler = PeakSampler()
     try:
-        yield plan
+        with sampler:
+            yield plan
     finally:
         trunk.set_chunk_size(own)
-    if measured:
-        _check_peak(model, length, predicted, budget)
+    _check_peak(model, length, predicted, budget, sampler.peak)
 
 
-def _check_peak(model: nn.Module, length: int, predicted: int, budget: int) -> None:
-    """Compare the fold's measured peak with its prediction; keep the ratio as this model's margin when above 1."""
-    peak = peak_resident_bytes()
+def _check_peak(model: nn.Module, length: int, predicted: int, budget: int, peak: Optional[int]) -> None:
+    """Compare the fold's polled peak with its prediction and its budget, in one warning line when either is
+    exceeded; keep the ratio to the prediction as this model's margin when above 1."""
     if not peak or not predicted:
         return
     ratio = peak / predicted
     if ratio > _MARGINS.get(model, 1.0):
         _MARGINS[model] = ratio
-    if ratio > TOLERANCE:
-        log.warning("%d residues: this fold peaked at %.2f GiB, %.0f%% over its predicted %.2f GiB (budget %.2f "
-                    "GiB); later folds in this run are planned with that margin", length, peak / _GIB,
-                    100 * (ratio - 1), predicted / _GIB, budget / _GIB)
+    said = [f"{100 * (ratio - 1):.0f}% over its predicted {predicted / _GIB:.2f} GiB"] if ratio > TOLERANCE else []
+    if peak > budget:
+        over = 100 * (peak / budget - 1)
+        said.append(f"{over:.0f}% over the {budget / _GIB:.2f} GiB memory budget (--max-memory, or by default "
+                    "90% of what the machine had available)")
+    if said:
+        margin = "; later folds in this run are planned with that margin" if ratio > 1 else ""
+        log.warning("%d residues: this fold peaked at %.2f GiB (polled), %s%s", length, peak / _GIB,
+                    " and ".join(said), margin)
 
 
 def resident_before_fold() -> int:

@@ -31,7 +31,7 @@ from ptq_protein.support.io_utils import env_flag
 
 __all__ = ["MemoryEstimate", "estimate_quantize_memory", "available_memory_bytes", "resident_bytes", "shortfall",
            "check_fits",
-           "choose_low_memory", "process_budget", "DEFAULT_SHARE", "reset_peak_resident", "peak_resident_bytes"]
+           "choose_low_memory", "process_budget", "DEFAULT_SHARE"]
 
 log = logging.getLogger(__name__)
 
@@ -93,21 +93,6 @@ def available_memory_bytes() -> Optional[int]:
 def resident_bytes() -> int:
     """This process's resident memory (``VmRSS``, Linux), else 0."""
     return _proc_bytes("/proc/self/status", "VmRSS:") or 0
-
-
-def reset_peak_resident() -> bool:
-    """Start this process's peak resident size (``VmHWM``) again from now (Linux ``clear_refs``); True when done."""
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
-            handle.write("5")
-    except OSError:
-        return False
-    return True
-
-
-def peak_resident_bytes() -> Optional[int]:
-    """This process's peak resident size since it started or since :func:`reset_peak_resident` (None: unknown)."""
-    return _proc_bytes("/proc/self/status", "VmHWM:")
 
 
 def _proc_bytes(path: str, key: str) -> Optional[int]:
