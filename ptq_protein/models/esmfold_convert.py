@@ -89,7 +89,8 @@ def hf_esmfold_to_fair(state_dict: Dict[str, torch.Tensor]) -> KeyMapping:
 
 def load_fair_esmfold(path: Union[str, os.PathLike], *, config=None,
                       stem_path: Optional[Union[str, os.PathLike]] = None,
-                      allow_pickle: bool = False, mmap: bool = False) -> Tuple[torch.nn.Module, Dict[str, object]]:
+                      allow_pickle: bool = False, mmap: bool = False,
+                      data: Optional[Dict[str, object]] = None) -> Tuple[torch.nn.Module, Dict[str, object]]:
     """Build ``EsmForProteinFolding`` from a fair-esm ESMFold checkpoint file.
 
     Parameters
@@ -109,6 +110,9 @@ def load_fair_esmfold(path: Union[str, os.PathLike], *, config=None,
     mmap
         Memory-map ``path`` (see :mod:`ptq_protein.models.mapped`); the tensors
         become the model's parameters either way (``assign=True``, no copy).
+    data
+        ``path``'s content when the caller has already read it (with the same ``allow_pickle`` and ``mmap``):
+        the file is then not read again.
 
     Returns
     -------
@@ -117,7 +121,10 @@ def load_fair_esmfold(path: Union[str, os.PathLike], *, config=None,
     from transformers import EsmForProteinFolding
 
     path = Path(path)
-    state, rest = split_state(load_torch_checkpoint(path, allow_pickle=allow_pickle, mmap=mmap), path)
+    if data is None:
+        data = load_torch_checkpoint(path, allow_pickle=allow_pickle, mmap=mmap)
+    state, rest = split_state(data, path)
+    del data  # the state's tensors stay referenced; the rest of the file's objects need not
     cfg = file_cfg(rest)
     info: Dict[str, object] = {"stem_source": str(path)}
     if not any(k.startswith(_STEM) for k in state):

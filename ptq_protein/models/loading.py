@@ -305,8 +305,8 @@ def _read_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: 
         return LoadedModel(model, esmc_vocab(), ModelFamily.ESMC, label, str(path), digest, None)
     state, _ = split_state(data, path)
     if any(k.startswith("trunk.") for k in state):
-        del data, state
-        model, _ = load_fair_esmfold(path, config=config, allow_pickle=allow_pickle, mmap=mmap)
+        del state
+        model, _ = load_fair_esmfold(path, config=config, allow_pickle=allow_pickle, mmap=mmap, data=data)
         return LoadedModel(model, esmfold_tokenizer(), ModelFamily.HF_ESMFOLD, label, str(path), digest, None)
     model, alphabet = _load_fair_esm(label, path, data, allow_pickle)
     if mmap:

@@ -137,6 +137,16 @@ def test_esmfold_from_fair_esm_checkpoint(homes, fakes, caplog, with_stem):
     assert torch.equal(fold(loaded.model), fold(model))
 
 
+def test_an_esmfold_file_under_another_name_is_read_once(homes, fakes, caplog, tmp_path):
+    """A fair-esm ESMFold file is known by its trunk once read; it is not read (nor announced) a second time."""
+    model, _ = tiny_esmfold(seed=0)
+    path = fakes.write_fair_esmfold(model, tmp_path / "my_esmfold.pt")
+    with caplog.at_level(logging.INFO, logger="ptq_protein.models.checkpoints"):
+        loaded = load_model(str(path), config=tiny_esmfold_config())
+    assert caplog.text.count("inert placeholders") == 1, caplog.text
+    assert loaded.family is ModelFamily.HF_ESMFOLD and torch.equal(fold(loaded.model), fold(model))
+
+
 def test_esmfold_v1_config_is_the_published_architecture():
     from ptq_protein.models.esmfold_convert import esmfold_v1_config
 
