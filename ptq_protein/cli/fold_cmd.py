@@ -45,7 +45,8 @@ the other sequences folded).
 def register(subparsers) -> None:
     p = subparsers.add_parser("fold", help="fold sequences with an ESMFold artifact or model, write PDB files",
                               description="Fold every sequence of a FASTA file; writes OUT/<id>.pdb with pLDDT "
-                                          "(0-100) in the B-factor column.",
+                                          "(0-100, AlphaFold DB's scale; transformers' infer_pdb writes 0-1) in "
+                                          "the B-factor column.",
                               epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="an artifact folder from 'ptq-protein quantize', or " + MODEL_HELP)
     p.add_argument("--fasta", required=True, help="sequences to fold (FASTA, .gz allowed)")

@@ -15,13 +15,14 @@ from ptq_protein.cli.common import (
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, load_float_model
 
 EXAMPLES = """examples:
-  ptq-protein sensitivity tiny-esmfold --recipe w8a8-pwlq --set cameo139:5 --metric tm --out runs/sens
+  ptq-protein sensitivity tiny-esmfold --recipe w8a8-pwlq --set cameo139:5 --metric tm --unit part --out runs/sens
   ptq-protein sensitivity tiny-esm2 --recipe w8a8-uniform --set cameo139:5 --metric logits --out runs/sens-lm
   ptq-protein sensitivity esmfold --unit layer --metric contacts --set cameo139:20 --out runs/sens-layers
 
 Each unit is quantized alone with --recipe (the rest FP) and measured against the FP model's own outputs;
 calibration runs once. Outputs in --out: sensitivity.csv (ranked), summary.md, sensitivity.png, progress.csv
 and run.json (rerunning the same command resumes). Metrics: tm (ESMFold), contacts (both), logits (ESM-2 LMs).
+ESMFold: every unit folds every sequence, and it has hundreds of sites: start with --unit part, then layer.
 """
 
 
@@ -35,7 +36,9 @@ def register(subparsers) -> None:
                    help="sequences the metric is measured on: NAME:N or a FASTA (default cameo139:5)")
     p.add_argument("--metric", choices=["tm", "contacts", "logits"],
                    help="tm (ESMFold), contacts (both), logits (ESM-2 LMs); default: tm for ESMFold, logits for LMs")
-    p.add_argument("--unit", choices=["site", "layer", "part"], default="site", help="what one unit is (default site)")
+    p.add_argument("--unit", choices=["site", "layer", "part"], default="site",
+                   help="what one unit is (default site; on ESMFold start with part, then layer: each unit is a "
+                        "fold of every sequence)")
     p.add_argument("--complement", action="store_true",
                    help="also measure everything quantized except each unit (twice the forwards)")
     p.add_argument("--calib", default="casp14:50", help="calibration sequences (default casp14:50)")
