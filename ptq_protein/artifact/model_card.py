@@ -88,7 +88,21 @@ def _recipe_words(recipe: Dict[str, Any]) -> List[str]:
             f"- quantized sites: {len(sites)} ({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))})",
             "- kept in floating point: everything that is not a quantized site (embeddings, output heads, attention "
             f"scores and softmax, residual adds){_excluded(recipe)}",
-            f"- backend: {config.get('backend', 'fake')}"]
+            *_backend_words(config)]
+
+
+def _backend_words(config: Dict[str, Any]) -> List[str]:
+    """The backend recorded (``recipe.json``'s ``config.backend``) and what a load with none named runs where."""
+    from ptq_protein.nn.backend_choice import where_it_runs
+    from ptq_protein.recipes.config import QuantConfig
+
+    recorded = f"- backend recorded: {config.get('backend', 'fake')} (recipe.json's `config.backend`)"
+    try:
+        where = where_it_runs(QuantConfig.from_dict(config))
+    except (ValueError, TypeError, KeyError):  # a card must never stop a save
+        return [recorded]
+    return [f"{recorded}; `pp.load`, `embed`, `score` and `fold` with no backend named run:"] + [
+        f"  - {line}" for line in where]
 
 
 def _excluded(recipe: Dict[str, Any]) -> str:

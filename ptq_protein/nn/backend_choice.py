@@ -15,13 +15,13 @@ from __future__ import annotations
 import functools
 import logging
 from pathlib import Path
-from typing import Tuple
+from typing import List, Tuple
 
 import torch
 
 from ptq_protein.recipes.config import Backend, QuantConfig
 
-__all__ = ["choose_backend", "cpu_isa"]
+__all__ = ["choose_backend", "where_it_runs", "cpu_isa"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,22 @@ def choose_backend(config: QuantConfig, device: torch.device) -> Tuple[Backend, 
     how = "natively" if mode == "native" else "split against this CPU's int16 saturation (no VNNI)"
     return Backend.INT8, (f"integer GEMMs (backend 'int8', oneDNN on {cpu_isa()}: exact int32 accumulation, {how}); "
                           "backend='fake' runs the float simulation instead")
+
+
+def where_it_runs(config: QuantConfig) -> List[str]:
+    """What a load of an artifact of ``config`` with no backend named runs, per device, in words: the rules of
+    :func:`choose_backend` without probing this machine (an artifact's card travels to others)."""
+    recorded = config.backend.value
+    try:
+        config.replace(backend=Backend.INT8)
+    except ValueError as why:
+        return [f"anywhere: the recorded backend '{recorded}' (integer GEMMs cannot run this recipe: {why})"]
+    return ["a CPU where oneDNN's int8 GEMM is exact (VNNI or AMX natively; AVX2 split against its int16 "
+            "saturation; every x86-64 CPU tried): integer GEMMs (backend 'int8'); a PyTorch without an exact "
+            "oneDNN int8 GEMM: the float simulation (backend 'fake')",
+            f"CUDA: the recorded backend '{recorded}' (integer GEMMs on a GPU are opt-in, backend='int8': not yet "
+            "verified on GPU hardware)",
+            "backend='fake' (--backend fake), anywhere: the float simulation of record, bit for bit"]
 
 
 @functools.lru_cache(maxsize=None)

@@ -34,6 +34,20 @@ def test_card_of_a_python_save(esm2, seqs, tmp_path):
     assert "from_pretrained" not in card  # fair-esm: no transformers route
 
 
+@pytest.mark.parametrize("recipe, words", [
+    ("w8a8-dynamic", ["backend recorded: fake", "integer GEMMs (backend 'int8')", "CUDA: the recorded backend",
+                      "backend='fake'"]),
+    ("w8a8-fp8", ["backend recorded: fake", "anywhere: the recorded backend 'fake'"]),
+])
+def test_card_says_which_backend_runs_where(esm2, tmp_path, recipe, words):
+    """recipe.json records the backend quantized with (the simulation); the card says what a load runs, where."""
+    pp.save(pp.quantize(esm2, recipe, calibration=["MKTAYIAKQRQISFVK"]), tmp_path / "a")
+    card = " ".join((tmp_path / "a" / "README.md").read_text().split())
+    for said in words:
+        assert said in card, said
+    assert "- backend: fake" not in card
+
+
 def test_cli_card_holds_the_printed_fidelity_table(tmp_path, capsys):
     out = tmp_path / "art"
     assert main(["quantize", "tiny-esm2", "--preset", "w8a8-uniform", "--calib", "casp14:3", "--check", "2",
