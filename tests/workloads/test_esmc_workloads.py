@@ -4,6 +4,7 @@ References are computed here from the model's own forward, one sequence at a tim
 time (fair-esm ``predict.py``'s loop), so the batched, padded workloads are checked against the plain model.
 """
 
+import json
 from pathlib import Path
 
 import pytest
@@ -225,3 +226,5 @@ def test_every_block_and_the_final_norm_are_layers_of_their_own(tmp_path, artifa
     assert not torch.allclose(reps[2], reps[3], atol=1e-3)  # block 2's own output is not the LayerNorm's
     assert cli("embed", artifact, fasta, "--out", tmp_path / "f", "--repr-layers", "4") == 2
     assert "final LayerNorm" in capsys.readouterr().err
+    identity = json.loads((tmp_path / "e" / "embed_run.json").read_text())
+    assert "final LayerNorm" in identity["model"]["repr_layers"]  # a folder of the older numbering is refused
