@@ -49,7 +49,8 @@ def register(subparsers) -> None:
                                                 "model, options and FASTA wrote: only what is missing is computed)")
     p.add_argument("--repr-layers", type=int, nargs="+", default=[-1], metavar="N",
                    help="layers whose representations to keep; 0 = embeddings, negative counts from the end "
-                        "(default: -1, the last)")
+                        "(default: -1, the final LayerNorm's output; ESM C: 1..n are its blocks' own outputs and "
+                        "n+1 = -1 its final LayerNorm's)")
     p.add_argument("--include", nargs="+", default=["mean"], choices=INCLUDE_CHOICES,
                    help="what to save per sequence (default: mean)")
     p.add_argument("--toks-per-batch", type=int, default=4096, help="tokens per batch (default: 4096)")
