@@ -38,7 +38,7 @@ EXAMPLES = """examples:
 
 Before each sequence the fold's peak memory is predicted: the largest chunk size that fits
 --max-memory is used, and a sequence that cannot fit is refused in one line (exit 2 at the end,
-the other sequences folded).
+the other sequences folded). A fold whose polled peak went over the budget is reported in one line.
 """
 
 
