@@ -25,6 +25,7 @@ from ptq_protein.nn.backend_choice import announce, choose_backend
 from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.nn.pair_int8 import use_pair_int8
 from ptq_protein.nn.special_tokens import apply_special_tokens_
+from ptq_protein.nn.trunk_dtype import use_trunk_dtype
 from ptq_protein.quant.codebook import PiecewiseCodebook
 from ptq_protein.recipes.config import Backend, QuantConfig, SiteKind, TensorQuant
 from ptq_protein.recipes.site_plan import MixedPlan
@@ -71,6 +72,8 @@ def build_from_recipe(recipe: Dict[str, Any], tensors: Dict[str, torch.Tensor], 
     if missing or unexpected:
         raise ArtifactError(f"artifact tensors do not fit the architecture (missing {missing[:3]}, unexpected "
                             f"{unexpected[:3]}); the artifact is corrupt or from another release: re-run quantize")
+    if config.trunk_dtype is not None:  # before the dtype record's cast, which leaves the trunk's held Linears
+        use_trunk_dtype(model, config.trunk_dtype)
     apply_float_dtypes(model, recipe.get(DTYPES), path / RECIPE)  # the dtype it was saved in (.half(), ...)
     apply_special_tokens_(model, adapter, config)
     if config.pair_bits is not None:

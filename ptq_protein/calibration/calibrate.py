@@ -382,7 +382,7 @@ def calibrate(model: nn.Module, adapter: ModelAdapter, sites: Sequence[Site], sp
         with torch.no_grad(), adapter.calibration_mode(model), collecting as (stats, state):
             for batch in iterator:
                 state.batch = batch
-                adapter.forward(model, batch, **forward_kwargs)
+                adapter.forward_for_sites(model, batch, sites, **forward_kwargs)
             state.batch = None
     finally:
         model.train(was_training)

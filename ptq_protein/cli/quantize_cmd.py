@@ -105,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         summary["low_memory"] = "asked" if args.low_memory else "chosen: only this mode fits in memory"
         return _report(summary, args, demo=False)
     loaded = load_float_model(args, args.model, mmap=True)
+    recipe, out = _family_default(args, loaded, recipe, budget, out)
     demo = _is_demo(loaded)
     crop = calib_crop(args, loaded.device)
     compare, skipped, passes, notes, alpha_search = [], [], {}, {}, None
@@ -396,3 +397,19 @@ def _stream_refusal(args: argparse.Namespace, budget, path: Optional[Path]) -> O
     if args.compare is not None and args.compare.strip().lower() != "none":
         return "--compare needs the float model whole"
     return None
+
+
+def _family_default(args: argparse.Namespace, loaded, recipe: str, budget, out: Path):
+    """(recipe, out): --bits' recipe for the loaded model's family (ESMFold's 8-bit default differs)."""
+    from ptq_protein.artifact.save_load import check_artifact_out
+    from ptq_protein.models.adapters import get_adapter
+    from ptq_protein.recipes.presets import preset_for_bits
+
+    if args.preset is not None or budget is not None:
+        return recipe, out
+    chosen = preset_for_bits(args.bits if args.bits is not None else 8, get_adapter(loaded.model).family)
+    if chosen != recipe:
+        _check_recipes(args, chosen, budget)
+        out = out if args.out is not None else Path(f"runs/{Path(args.model).name}-{chosen}")
+        check_artifact_out(out, force=args.force)
+    return chosen, out

@@ -104,6 +104,14 @@ class ModelAdapter:
                         found.append((name, target))
         return found
 
+    def forward_for_sites(self, model: nn.Module, batch: Batch, sites: Sequence[Any], **kwargs: Any) -> Any:
+        """A forward that calls every one of ``sites`` (objects with a ``name``) as :meth:`forward` does.
+
+        Calibration reads only its sites' inputs: a family whose sites of some group all run before anything
+        that group does not reach (ESMFold's ESM-2 stem) runs that part alone. Here: the whole forward.
+        """
+        return self.forward(model, batch, **kwargs)
+
     # -- inputs ----------------------------------------------------------------------
     def validate(self, sequences: Sequence[str], where: str = "calibration") -> List[str]:
         from ptq_protein.data.fasta import validate_sequence

@@ -231,6 +231,18 @@ class HFEsmFoldAdapter(ModelAdapter):
         return ("esm.embeddings.word_embeddings", (int(model.esm_dict_cls_idx), int(model.esm_dict_eos_idx)),
                 int(model.esm_dict_padding_idx))
 
+    def forward_for_sites(self, model: nn.Module, batch: Batch, sites: Sequence[Any], **kwargs: Any) -> Any:
+        """The ESM-2 stem alone when every site is in it: the stem runs first and reads nothing of the trunk."""
+        if sites and all(self.group_of(s.name) == "esm" for s in sites):
+            return self.stem_forward(model, batch)
+        return self.forward(model, batch, **kwargs)
+
+    def stem_forward(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        """The stem's hidden states [B, L, layers + 1, C], computed as ESMFold's forward computes them first."""
+        device = _device_of(model)
+        aa, mask = batch.inputs["input_ids"].to(device), batch.inputs["attention_mask"].to(device)
+        return model.compute_language_model_representations(model.af2_idx_to_esm_idx(aa, mask))
+
     def forward(self, model: nn.Module, batch: Batch, num_recycles: Optional[int] = None) -> Any:
         device = _device_of(model)
         kwargs = {k: v.to(device) for k, v in batch.inputs.items()}

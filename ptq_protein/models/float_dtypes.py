@@ -4,7 +4,9 @@
 modules, so without this record the reload would run in float32 (other outputs). The
 record is the dtype most of the model's floating parameters have (key ``""``) and, for
 each top-level part that differs (ESMFold's float16 ``esm`` stem), that part's dtype.
-Quantizer scales are float32 buffers whatever the model's dtype, so they do not count.
+Quantizer scales are float32 buffers whatever the model's dtype, so they do not count; nor do the modules a pass
+holds in a dtype of its own (marked with :data:`HELD`, e.g. ESMFold's bfloat16 trunk Linears), which the cast on
+load leaves as they were loaded.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ptq_protein.support.errors import ArtifactError
 __all__ = ["FLOAT_DTYPES", "float_dtypes", "apply_float_dtypes", "main_dtype"]
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")  # what a record may name
+HELD = "_ptq_held_dtype"  # the attribute ptq_protein.nn.trunk_dtype sets (nn imports models, not the reverse)
 
 
 def float_dtypes(model: nn.Module) -> Dict[str, str]:
@@ -45,7 +48,7 @@ def apply_float_dtypes(model: nn.Module, record: Any, where: str) -> nn.Module:
         raise ArtifactError(f"{where} field dtypes must map module names to one of {', '.join(FLOAT_DTYPES)} "
                             f"(with the key \"\" for the model), not {record!r}: the artifact is corrupt; re-run "
                             "quantize")
-    model.to(getattr(torch, record[""]))
+    _cast(model, getattr(torch, record[""]))
     for name, dtype in record.items():
         if name:
             try:
@@ -53,7 +56,7 @@ def apply_float_dtypes(model: nn.Module, record: Any, where: str) -> nn.Module:
             except AttributeError as err:
                 raise ArtifactError(f"{where} field dtypes names {name!r}, which the model does not have: the "
                                     "artifact is corrupt; re-run quantize") from err
-            part.to(getattr(torch, dtype))
+            _cast(part, getattr(torch, dtype))
     return model
 
 
@@ -62,8 +65,24 @@ def main_dtype(record: Any) -> str:
     return record.get("", "float32") if isinstance(record, dict) else "float32"
 
 
+def _cast(model: nn.Module, dtype: torch.dtype) -> None:
+    """``model.to(dtype)``, leaving held modules (and so never widening them, even for a moment) as they are."""
+    if not any(getattr(m, HELD, None) for m in model.modules()):
+        model.to(dtype)
+        return
+    for module in model.modules():
+        if not getattr(module, HELD, None):
+            module._apply(lambda t: t.to(dtype) if t.is_floating_point() else t, recurse=False)
+
+
+def _own_parameters(module: nn.Module):
+    for sub in module.modules():
+        if not getattr(sub, HELD, None):
+            yield from sub.parameters(recurse=False)
+
+
 def _dtype_of(module: nn.Module) -> Optional[torch.dtype]:
-    counts = Counter(p.dtype for p in module.parameters() if p.is_floating_point())
+    counts = Counter(p.dtype for p in _own_parameters(module) if p.is_floating_point())
     return counts.most_common(1)[0][0] if counts else None
 
 

@@ -33,6 +33,7 @@ from ptq_protein.passes.study_activations import StudyActivations
 from ptq_protein.passes.study_calibrate import StudyCalibrate
 from ptq_protein.passes.study_w8 import StudyW8
 from ptq_protein.passes.swap import SwapModules
+from ptq_protein.passes.trunk_dtype import TrunkDtype
 from ptq_protein.recipes.config import QuantConfig, SiteKind
 from ptq_protein.support.errors import InputError
 
@@ -40,8 +41,8 @@ __all__ = ["Recipe", "resolve_recipe", "OUR_PASSES", "STUDY_PASSES"]
 
 # In order. Transforms that change the model come before the calibration that must see them.
 OUR_PASSES = (RotateFfnProduct, FoldSmoothQuant, SequentialGptq, CalibrateOurs, FitActivations, SwapModules,
-              SpecialTokenRows, ReportRows, PairInt8)
-STUDY_PASSES = (StudyCalibrate, StudyActivations, StudyW8, PairInt8)
+              SpecialTokenRows, ReportRows, PairInt8, TrunkDtype)
+STUDY_PASSES = (StudyCalibrate, StudyActivations, StudyW8, PairInt8, TrunkDtype)
 
 
 @dataclass(frozen=True)

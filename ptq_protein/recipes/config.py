@@ -13,25 +13,13 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-from ptq_protein.recipes.method_config import GPTQSpec, SmoothQuantSpec, StudyOptions, check_rotation_block
+from ptq_protein.recipes.method_config import (GPTQSpec, SmoothQuantSpec, StudyOptions, check_fold_execution,
+                                               check_rotation_block)
 from ptq_protein.recipes.method_config import from_known_fields as _from_dict
 
-__all__ = [
-    "Scheme",
-    "Granularity",
-    "RangeMethod",
-    "BreakpointMethod",
-    "SiteKind",
-    "Backend",
-    "FP8Format",
-    "SpecialTokens",
-    "TensorQuant",
-    "SmoothQuantSpec",
-    "GPTQSpec",
-    "StudyOptions",
-    "QuantConfig",
-    "CONFIG_VERSION",
-]
+__all__ = ["Scheme", "Granularity", "RangeMethod", "BreakpointMethod", "SiteKind", "Backend", "FP8Format",
+           "SpecialTokens", "TensorQuant", "SmoothQuantSpec", "GPTQSpec", "StudyOptions", "QuantConfig",
+           "CONFIG_VERSION"]
 
 CONFIG_VERSION = 1
 MIN_BITS, MAX_BITS = 2, 16
@@ -225,7 +213,6 @@ _STUDY_SCHEMES = (Scheme.STUDY_UNIFORM, Scheme.STUDY_PWLQ)
 _STUDY_MAX_TOPK = 1000  # piecewise_quant/quant_acts.py:16 topk=1000 values stored per call
 
 
-_PAIR_BITS = (None, 8)
 _DEFAULT_EXCLUDE = ()  # heads are kept FP by the adapters' own rules, not by globs
 
 
@@ -246,6 +233,8 @@ class QuantConfig:
     `Scheme.STUDY_*`, the study's calibration and W8 (`StudyOptions`).
     `pair_bits=8` holds ESMFold's pair activations in int8 while it folds
     (`ptq_protein.nn.pair_int8`); None keeps them in floating point.
+    `trunk_dtype="bfloat16"` holds ESMFold's trunk blocks' Linear weights in bfloat16 and runs the blocks'
+    products in it (`ptq_protein.nn.trunk_dtype`); None keeps the trunk in the model's dtype.
     `rotate_ffn=b` (0: off) rotates ESM C's SwiGLU products by Hadamard blocks of `b` channels first.
     """
 
@@ -263,6 +252,7 @@ class QuantConfig:
     name: str = "custom"
     study: Optional[StudyOptions] = None
     pair_bits: Optional[int] = None
+    trunk_dtype: Optional[str] = None
     rotate_ffn: int = 0
     version: int = CONFIG_VERSION
 
@@ -311,8 +301,7 @@ class QuantConfig:
         self._check_study()
         self._check_int8()
         check_rotation_block(self.rotate_ffn, study=self.study is not None)
-        if self.pair_bits not in _PAIR_BITS:
-            raise ValueError(f"pair_bits={self.pair_bits!r}: use 8 (int8 pair activations) or None (float)")
+        check_fold_execution(self.pair_bits, self.trunk_dtype)
         if self.version != CONFIG_VERSION:
             raise ValueError(f"config version {self.version} is not supported (this is version {CONFIG_VERSION}); "
                              "re-quantize with this release")
@@ -368,6 +357,7 @@ class QuantConfig:
             "special_tokens": self.special_tokens.value,
             **({} if self.study is None else {"study": self.study.to_dict()}),
             **({} if self.pair_bits is None else {"pair_bits": self.pair_bits}),  # absent: float pairs, as before
+            **({} if self.trunk_dtype is None else {"trunk_dtype": self.trunk_dtype}),  # absent: as before
             **({"rotate_ffn": self.rotate_ffn} if self.rotate_ffn else {}),  # absent: no rotation, as before
         }
 
@@ -395,6 +385,7 @@ class QuantConfig:
         a += f" (SmoothQuant alpha={self.smoothquant.alpha})" if self.smoothquant is not None else ""
         special = f"; BOS/EOS {self.special_tokens.value}" if self.activations is not None else ""
         pair = "" if self.pair_bits is None else f"; pair activations int{self.pair_bits}"
+        pair += "" if self.trunk_dtype is None else f"; trunk blocks {self.trunk_dtype}"
         pair += f"; SwiGLU product Hadamard-rotated (block {self.rotate_ffn})" if self.rotate_ffn else ""
         kinds = ",".join(k.value for k in self.kinds)
         return f"{self.name}: weights {w}; activations {a}; sites {kinds}{special}{pair}"

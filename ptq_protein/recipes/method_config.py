@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
-__all__ = ["SmoothQuantSpec", "GPTQSpec", "StudyOptions", "from_known_fields", "check_rotation_block"]
+__all__ = ["SmoothQuantSpec", "GPTQSpec", "StudyOptions", "from_known_fields", "check_rotation_block",
+           "check_fold_execution", "PAIR_BITS", "TRUNK_DTYPES"]
 
 
 def from_known_fields(cls, data: Dict[str, Any], what: str):
@@ -31,6 +32,22 @@ def check_rotation_block(block: int, study: bool = False) -> None:
                          "of ESM C's SwiGLU product (the w8a8-rotate presets use 128)")
     if study and block:
         raise ValueError("study-* recipes run the study's method, which rotates nothing: drop rotate_ffn")
+
+
+PAIR_BITS = (None, 8)  # QuantConfig.pair_bits: float pairs, or int8 (ptq_protein.nn.pair_int8)
+TRUNK_DTYPES = (None, "bfloat16")  # QuantConfig.trunk_dtype: the model's dtype, or bf16 blocks (nn.trunk_dtype)
+
+
+def check_fold_execution(pair_bits: Optional[int], trunk_dtype: Optional[str]) -> None:
+    """``QuantConfig.pair_bits`` and ``trunk_dtype``: how ESMFold's trunk runs (validated when a config is built)."""
+    if pair_bits not in PAIR_BITS:
+        raise ValueError(f"pair_bits={pair_bits!r}: use 8 (int8 pair activations) or None (float)")
+    if trunk_dtype not in TRUNK_DTYPES:
+        raise ValueError(f"trunk_dtype={trunk_dtype!r}: use 'bfloat16' (ESMFold's trunk blocks in bfloat16) or None "
+                         "(the model's dtype)")
+    if pair_bits is not None and trunk_dtype is not None:
+        raise ValueError("pair_bits and trunk_dtype each change how ESMFold's trunk runs and do not combine yet: "
+                         "choose one (pair_bits=8 for long sequences, trunk_dtype='bfloat16' for speed)")
 
 
 @dataclass(frozen=True)

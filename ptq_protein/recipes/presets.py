@@ -14,7 +14,7 @@ rows in floating point (``special_tokens="float"``); the study's include them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Union
+from typing import Dict, List, Optional, Union
 
 from ptq_protein.recipes import baselines, ours, study
 from ptq_protein.recipes.config import Granularity, QuantConfig, Scheme
@@ -84,10 +84,14 @@ def get_preset(name: str) -> QuantConfig:
                          "(or build a pp.QuantConfig)") from None
 
 
-def preset_for_bits(bits: int) -> str:
-    """The default recipe for ``--bits N``: piecewise-linear activations at N bits, N-bit weights."""
+def preset_for_bits(bits: int, family: Optional[str] = None) -> str:
+    """The default recipe for ``--bits N``: piecewise-linear activations at N bits, N-bit weights.
+
+    ``family`` is the model adapter's (:attr:`~ptq_protein.models.adapter_base.ModelAdapter.family`): ESMFold's
+    8-bit default quantizes its ESM-2 stem and runs its folding trunk in bfloat16 (``w8a8-pwlq-stem``).
+    """
     if bits == 8:
-        return "w8a8-pwlq"
+        return "w8a8-pwlq-stem" if family == "hf-esmfold" else "w8a8-pwlq"
     if bits == 6:
         return "w6a6-pwlq"
     if bits == 4:

@@ -1,0 +1,110 @@
+"""ESMFold's folding trunk in bfloat16: half the bytes for its weights, its products at bfloat16 speed.
+
+:func:`use_trunk_dtype` switches a transformers ``EsmForProteinFolding`` (float or with a quantized
+stem) in place: every Linear of every trunk block holds its weight and bias in bfloat16 (what an
+artifact stores: 16 bits a value), and each block runs under ``torch.autocast`` where the device
+computes bfloat16 natively (CUDA; CPUs listing ``avx512_bf16`` or ``amx_bf16``): Linear layers and
+matrix products in bfloat16, LayerNorm, softmax and the residual stream in float32 (autocast's own
+operator lists), each block's outputs back in float32. Elsewhere (an AVX2-only CPU, where bfloat16
+products are emulated and several times slower than float32) the block runs in float32 on the same
+bfloat16-valued weights, widened at each call. The structure module, the recycling embeddings and the
+heads are not touched.
+
+The Linear modules it holds are marked (:data:`HELD`) so that the artifact's dtype record
+(:mod:`ptq_protein.models.float_dtypes`) neither counts nor casts them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import types
+from pathlib import Path
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ptq_protein.models import float_dtypes
+
+__all__ = ["use_trunk_dtype", "trunk_dtype_of", "native_bf16", "HELD"]
+
+log = logging.getLogger(__name__)
+
+HELD = float_dtypes.HELD  # attribute on a module whose floating tensors a pass holds in a dtype of its own
+_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of CPUs with native bfloat16 dot products
+
+
+def use_trunk_dtype(model: nn.Module, dtype: Optional[str] = "bfloat16") -> nn.Module:
+    """Hold ``model``'s trunk blocks' Linear weights in ``dtype`` and run the blocks as described above.
+
+    In place; returns ``model``. ``dtype=None`` is refused (a trunk once rounded cannot be restored).
+    """
+    if dtype != "bfloat16":
+        raise ValueError(f"trunk_dtype={dtype!r}: only 'bfloat16' is supported")
+    blocks = getattr(getattr(model, "trunk", None), "blocks", None)
+    if blocks is None or not hasattr(model, "compute_language_model_representations"):
+        raise ValueError(f"trunk_dtype needs an ESMFold model (EsmForProteinFolding), got {type(model).__name__}")
+    device = next(model.parameters()).device
+    autocast = native_bf16(device)
+    for block in blocks:
+        for module in block.modules():
+            if type(module) is nn.Linear or type(module).__name__ == "EsmFoldLinear":  # float Linears only
+                module.to(torch.bfloat16)
+                setattr(module, HELD, dtype)
+                module.__dict__.pop("forward", None)
+                module.forward = types.MethodType(_held_linear_forward, module)
+        block.__dict__.pop("forward", None)
+        if autocast:
+            block.forward = types.MethodType(_autocast_block_forward, block)
+    model.trunk_dtype = dtype
+    log.info("ESMFold trunk: Linear weights held in bfloat16; %s", "blocks run under bfloat16 autocast" if autocast
+             else f"blocks run in float32 ({device.type} has no native bfloat16 products: {_cpu_note(device)})")
+    return model
+
+
+def trunk_dtype_of(model: nn.Module) -> Optional[str]:
+    """The trunk dtype ``model`` runs with (None: the model's own)."""
+    return getattr(model, "trunk_dtype", None)
+
+
+def native_bf16(device: torch.device) -> bool:
+    """True where bfloat16 products run natively: CUDA, or a CPU listing avx512_bf16 / amx_bf16."""
+    if device.type == "cuda":
+        return True
+    return device.type == "cpu" and bool(set(_BF16_FLAGS) & _cpu_flags())
+
+
+def _held_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if _autocast_on(x.device.type) or x.dtype == self.weight.dtype:
+        return F.linear(x, self.weight, self.bias)
+    bias = None if self.bias is None else self.bias.to(x.dtype)
+    return F.linear(x, self.weight.to(x.dtype), bias)
+
+
+def _autocast_block_forward(self: nn.Module, *args, **kwargs) -> Tuple[torch.Tensor, torch.Tensor]:
+    device = args[0].device.type
+    with torch.autocast(device, dtype=torch.bfloat16):
+        s, z = type(self).forward(self, *args, **kwargs)
+    return s.float(), z.float()
+
+
+def _autocast_on(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4: one query per device type
+        return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
+
+
+def _cpu_note(device: torch.device) -> str:
+    return "no avx512_bf16 or amx_bf16 flag" if device.type == "cpu" else "not CUDA"
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_flags() -> frozenset:
+    try:
+        line = next(x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("flags"))
+    except (OSError, StopIteration):
+        return frozenset()
+    return frozenset(line.split(":", 1)[1].split())
