@@ -9,6 +9,7 @@ from ptq_protein.cli.common import (
     add_duplicates_option,
     add_runtime_options,
     memory_size,
+    printable,
     resolve_device,
     show_progress,
 )
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     report = job.run(model, identity, max_memory, show_progress=show_progress(args))
     _summary(report, args.out, shard)
     for reason in report.refused.values():
-        print(f"ptq-protein embed: not embedded: {reason}", file=sys.stderr)
+        print(f"ptq-protein embed: not embedded: {printable(reason)}", file=sys.stderr)
     return 2 if report.refused else 0
 
 

@@ -14,6 +14,7 @@ import sys
 from typing import Callable, Optional, Sequence
 
 from ptq_protein import __version__
+from ptq_protein.cli.common import printable
 from ptq_protein.support.process_memory import managed_heap
 
 # module name -> sub-commands it registers; order is the order shown in --help.
@@ -62,7 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _one_line(err: BaseException) -> str:
     text = str(err).strip() or type(err).__name__
-    return " ".join(text.split())
+    return printable(" ".join(text.split()))
+
+
+class _PrintableFormatter(logging.Formatter):
+    """Log lines as :func:`printable` text: an id holding ESC or BEL cannot drive the terminal."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(printable(line) for line in super().format(record).split("\n"))
 
 
 def _route_library_noise() -> None:
@@ -93,7 +101,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     level = logging.WARNING if getattr(args, "quiet", False) else logging.INFO
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(_PrintableFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
     _route_library_noise()
     func: Callable[[argparse.Namespace], int] = args.func
     try:
