@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set
 
 from ptq_protein.support.digests import records_digest
 from ptq_protein.support.errors import InputError
-from ptq_protein.support.io_utils import atomic_write_bytes, file_lock
+from ptq_protein.support.io_utils import atomic_write_bytes, file_lock, open_lock_file
 from ptq_protein.workloads import embed_h5
 from ptq_protein.workloads.embed_options import FORMATS
 from ptq_protein.workloads.embed_seal import (
@@ -81,7 +82,7 @@ class EmbedFolder:
             raise InputError(f"--out {out} is a file; give a folder (new, or one an earlier embed run wrote)")
         try:
             out.mkdir(parents=True, exist_ok=True)
-            (out / _LOCK).touch(exist_ok=True)
+            os.close(open_lock_file(out / _LOCK))  # can we write here? (never through a planted link)
         except OSError as err:
             raise InputError(f"--out {out} cannot be written ({err.strerror}); choose a folder you can write") from err
         if not self.manifest.check(self.identity, model_hint):
@@ -91,6 +92,8 @@ class EmbedFolder:
                                  "or empty folder")
         self._held.enter_context(file_lock(out / f".embed-{self.shard.tag}.lock", wait=False,
                                            purpose=f"shard {self.shard.tag} of {out}"))
+        if self.fmt == "h5":
+            self._parts_dir(create=False)
 
     def release(self) -> None:
         """Let another process run this shard (the lock taken by :meth:`check`)."""
@@ -171,9 +174,15 @@ class EmbedFolder:
         check_identity(path, identity, self.identity, "this run")
         return labels
 
-    def _parts_dir(self) -> Path:
+    def _parts_dir(self, create: bool = True) -> Path:
+        """This shard's part folder: a real folder inside ``--out``, never a link to one elsewhere."""
         path = self.out_dir / f"parts-{self.shard.tag}"
-        path.mkdir(exist_ok=True)
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            self.release()
+            raise InputError(f"{path} is {'a link' if path.is_symlink() else 'not a folder'}; remove it (ptq-protein "
+                             "writes this shard's part files into a folder of that name it creates itself)")
+        if create:
+            path.mkdir(exist_ok=True)
         return path
 
 
