@@ -2,7 +2,6 @@
 float model's outputs on the check's sequences are streamed layer by layer too, so a recipe that breaks the model
 exits 3 and the artifact records the verdict, as in memory."""
 
-import argparse
 import json
 
 import pytest
@@ -10,20 +9,12 @@ import torch
 
 from ptq_protein.cli.main import main
 from ptq_protein.eval.bench.fidelity import reference_outputs
+from ptq_protein.models.fair_esm2 import save_fair_esm2
 from ptq_protein.models.loading import load_model
 from ptq_protein.models.tiny import build_tiny
 from ptq_protein.workflows.streaming import quantize_streaming_checked
 
 SEQS = ["MKTAYIAKQRQISFVKSHFSRQ", "GSHMLEDPVAGK", "MQIFVKTLTGKTITLEVEPSDTIENVKAKIQDKEG"]
-
-
-def _write_fair_esm2(path, model):
-    body = {("encoder." if k.startswith(("lm_head.", "contact_head.")) else "encoder.sentence_encoder.") + k: v
-            for k, v in model.state_dict().items()}
-    cfg = argparse.Namespace(encoder_layers=model.num_layers, encoder_embed_dim=model.embed_dim,
-                             encoder_attention_heads=model.attention_heads, token_dropout=model.token_dropout)
-    torch.save({"model": body, "cfg": {"model": cfg}}, path)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +30,7 @@ def broken(tmp_path_factory):
                 norm.bias[0] = 1e4
                 for linear in linears:
                     linear.weight[:, 0] = 0
-    return _write_fair_esm2(tmp_path_factory.mktemp("broken") / "esm2_t6_8M_UR50D.pt", model)
+    return save_fair_esm2(model, tmp_path_factory.mktemp("broken") / "esm2_t6_8M_UR50D.pt", regression="inline")
 
 
 def test_streamed_references_are_the_whole_models(broken):
