@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -29,7 +29,7 @@ from ptq_protein.workloads.embed_seal import (
     result_sha256,
 )
 
-__all__ = ["write_h5", "read_h5", "h5_seal", "require_h5py", "IDENTITY_ATTR"]
+__all__ = ["write_h5", "read_h5", "h5_checked_labels", "require_h5py", "IDENTITY_ATTR"]
 
 IDENTITY_ATTR = "ptq_protein_embed"
 _DIGEST_ATTR = "tensors_sha256"
@@ -74,30 +74,31 @@ def read_h5(path: Path, identity: Mapping[str, Any]) -> Dict[str, Dict[str, Any]
     its digest, the file against ``identity`` (``embed_run.json``'s)."""
     with _opened(path) as handle:
         check_identity(path, _identity(path, handle), identity, "embed_run.json")
-        out: Dict[str, Dict[str, Any]] = {}
-        for group in handle.values():
-            result: Dict[str, Any] = {"label": str(group.attrs["label"])}
-            for key in _LAYER_KEYS:
-                if key in group:
-                    result[key] = {int(layer): torch.from_numpy(np.asarray(ds)) for layer, ds in group[key].items()}
-            for key in _TENSOR_KEYS:
-                if key in group:
-                    result[key] = torch.from_numpy(np.asarray(group[key]))
-            check_result(path, result, group.attrs.get(_DIGEST_ATTR))
-            out[result["label"]] = result
-    return out
+        return {result["label"]: result for result in _checked_results(path, handle)}
 
 
-def h5_seal(path: Path) -> Tuple[Dict[str, Any], List[str]]:
-    """(the identity a file records, its labels), from attributes only (no tensor is read)."""
+def h5_checked_labels(path: Path, identity: Mapping[str, Any], against: str = "this run") -> List[str]:
+    """The labels of ``path`` once its identity and every group's tensors are checked against their digest,
+    one group in memory at a time (what a resume counts as written)."""
     with _opened(path) as handle:
-        labels = []
-        for group in handle.values():
-            if _DIGEST_ATTR not in group.attrs:
-                raise UnusableOutput(f"{path} holds {group.name} without a tensor digest (written by an older "
-                                     f"ptq-protein); {RERUN_FIX}")
-            labels.append(str(group.attrs["label"]))
-        return _identity(path, handle), labels
+        check_identity(path, _identity(path, handle), identity, against)
+        return [result["label"] for result in _checked_results(path, handle)]
+
+
+def _checked_results(path: Path, handle) -> Iterator[Dict[str, Any]]:
+    for group in handle.values():
+        if _DIGEST_ATTR not in group.attrs:
+            raise UnusableOutput(f"{path} holds {group.name} without a tensor digest (written by an older "
+                                 f"ptq-protein); {RERUN_FIX}")
+        result: Dict[str, Any] = {"label": str(group.attrs["label"])}
+        for key in _LAYER_KEYS:
+            if key in group:
+                result[key] = {int(layer): torch.from_numpy(np.asarray(ds)) for layer, ds in group[key].items()}
+        for key in _TENSOR_KEYS:
+            if key in group:
+                result[key] = torch.from_numpy(np.asarray(group[key]))
+        check_result(path, result, group.attrs.get(_DIGEST_ATTR))
+        yield result
 
 
 @contextlib.contextmanager

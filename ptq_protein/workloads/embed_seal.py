@@ -122,10 +122,11 @@ def check_name(path: Path, label: str) -> None:
                              f"was renamed or copied); {RERUN_FIX}, or move the file away")
 
 
-def load_pt(path: Path, identity: Mapping[str, Any]) -> Dict[str, Any]:
-    """The result in ``path``, checked: sealed by ``identity``, under its label's name, tensors intact."""
+def load_pt(path: Path, identity: Mapping[str, Any], against: str = "embed_run.json") -> Dict[str, Any]:
+    """The result in ``path``, checked: sealed by ``identity`` (``against``: whose, for messages), under its
+    label's name, tensors intact."""
     seal = pt_seal(path)
-    check_identity(path, seal["identity"], identity, "embed_run.json")
+    check_identity(path, seal["identity"], identity, against)
     check_name(path, seal["label"])
     try:
         result = torch.load(path, map_location="cpu", weights_only=True)

@@ -34,12 +34,9 @@ from ptq_protein.workloads import embed_h5
 from ptq_protein.workloads.embed_options import FORMATS
 from ptq_protein.workloads.embed_seal import (
     UnusableOutput,
-    check_identity,
-    check_name,
     label_stem,
     load_pt,
     pt_bytes,
-    pt_seal,
 )
 from ptq_protein.workloads.run_manifest import RunManifest, plain_json
 from ptq_protein.workloads.shards import Shard
@@ -107,7 +104,7 @@ class EmbedFolder:
         return self.written_labels()
 
     def written_labels(self) -> Set[str]:
-        """Labels of the files sealed by this run (seals only: no tensor is read); the others are noted."""
+        """Labels of the files sealed by this run, their tensors checked against the seal; the others are noted."""
         written: Set[str] = set()
         self.unusable = {}
         for path in self._files():
@@ -138,9 +135,17 @@ class EmbedFolder:
 
     def finish(self) -> Optional[Path]:
         """h5: merge this shard's sealed part files (and its earlier shard file) into ``embeddings.K-of-N.h5``
-        (whole, then the parts go); a damaged or foreign shard file is replaced."""
-        if self.fmt != "h5":
-            return None
+        (whole, then the parts go); a damaged or foreign shard file is replaced. Then name any file, not this
+        run's, that this run did not replace: :func:`read_embeddings` refuses the folder until it is moved."""
+        merged = self._merge() if self.fmt == "h5" else None
+        left = [path for path in self.unusable if path.exists() and not self._usable(path)]
+        if left:
+            more = f" (and {len(left) - 1} more)" if len(left) > 1 else ""
+            log.warning("%s%s is damaged or another run's and was not replaced: read_embeddings refuses %s until "
+                        "it is moved away", left[0], more, self.out_dir)
+        return merged
+
+    def _merge(self) -> Optional[Path]:
         parts_dir = self._parts_dir()
         parts = sorted(parts_dir.glob("*.h5"))
         final = self.out_dir / f"embeddings.{self.shard.tag}.h5"
@@ -165,14 +170,18 @@ class EmbedFolder:
         return sorted(self.out_dir.glob("*.pt")) if self.fmt == "pt" else _h5_files(self.out_dir)
 
     def _sealed_labels(self, path: Path) -> List[str]:
+        """The labels of ``path`` once its seal and its tensors' digests are checked, as :func:`read_embeddings`
+        checks them: a file edited inside its seal is embedded again, not counted as written."""
         if self.fmt == "pt":
-            seal = pt_seal(path)
-            check_identity(path, seal["identity"], self.identity, "this run")
-            check_name(path, seal["label"])
-            return [seal["label"]]
-        identity, labels = embed_h5.h5_seal(path)
-        check_identity(path, identity, self.identity, "this run")
-        return labels
+            return [load_pt(path, self.identity, "this run")["label"]]
+        return embed_h5.h5_checked_labels(path, self.identity)
+
+    def _usable(self, path: Path) -> bool:
+        try:
+            self._sealed_labels(path)
+        except UnusableOutput:
+            return False
+        return True
 
     def _parts_dir(self, create: bool = True) -> Path:
         """This shard's part folder: a real folder inside ``--out``, never a link to one elsewhere."""
