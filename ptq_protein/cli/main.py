@@ -121,8 +121,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except Exception as err:  # runtime failure: one line, traceback only with --debug
         if args.debug:
             raise
-        print(f"ptq-protein {args.command}: failed: {type(err).__name__}: {_one_line(err)}", file=sys.stderr)
+        said = _disk_full(err) or f"{type(err).__name__}: {_one_line(err)}"
+        print(f"ptq-protein {args.command}: failed: {said}", file=sys.stderr)
         return EXIT_RUNTIME
+
+
+def _disk_full(err: BaseException) -> str:
+    """A write that ran out of disk (or of a quota or file-size limit), in words; "" for any other error."""
+    import errno
+
+    if not isinstance(err, OSError) or err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return ""
+    where = f"writing {err.filename}" if err.filename else "writing"
+    return printable(f"{where}: {err.strerror} (the disk holding it is full, or a quota or file-size limit was "
+                     "reached); free space there or choose another output folder, then rerun: files already "
+                     "written are kept and not computed again")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -13,6 +13,7 @@ or digests do not match, is :class:`~ptq_protein.workloads.embed_seal.UnusableOu
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Sequence
@@ -20,7 +21,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Sequence
 import numpy as np
 import torch
 
-from ptq_protein.support.io_utils import atomic_file
+from ptq_protein.support.io_utils import atomic_write_bytes
 from ptq_protein.workloads.embed_seal import (
     RERUN_FIX,
     UnusableOutput,
@@ -48,12 +49,18 @@ def require_h5py():
 
 
 def write_h5(path: Path, results: Sequence[Mapping[str, Any]], stems: Sequence[str], identity: Mapping) -> None:
-    """Write ``results`` (extract.py dicts) to ``path`` through a temp file, then rename: never half a file."""
+    """Write ``results`` (extract.py dicts) to ``path`` through a temp file, then rename: never half a file.
+
+    The file is built in memory and written as plain bytes: a full disk is then one ``OSError`` naming
+    ``path``, where HDF5's own writer printed thousands of lines of errors and crashed the process (SIGSEGV).
+    """
     h5py = require_h5py()
-    with atomic_file(path) as tmp, h5py.File(tmp, "w") as handle:
+    buffer = io.BytesIO()
+    with h5py.File(buffer, "w") as handle:
         handle.attrs[IDENTITY_ATTR] = json.dumps(identity, sort_keys=True)
         for stem, result in zip(stems, results):
             _write_group(handle.create_group(stem), result)
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def _write_group(group, result: Mapping[str, Any]) -> None:
