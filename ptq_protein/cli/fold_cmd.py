@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
@@ -23,8 +22,6 @@ from ptq_protein.cli.models_arg import (
     load_model_or_artifact,
     model_hint,
 )
-
-logger = logging.getLogger(__name__)
 
 EXAMPLES = """examples:
   ptq-protein fold runs/tiny-esmfold-w8a8-pwlq --fasta targets.fasta --out preds/
@@ -69,21 +66,18 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from ptq_protein import __version__
     from ptq_protein.data.fasta import read_fasta
-    from ptq_protein.eval.bench.folding import check_fold_folder, fold_to_pdbs, require_esmfold
-    from ptq_protein.models.adapters import ESM2_MAX_RESIDUES, ESM_ALPHABET_LETTERS
+    from ptq_protein.eval.bench.folding import check_fold_folder, check_fold_outputs, fold_to_pdbs, require_esmfold
+    from ptq_protein.models.adapters import ESM_ALPHABET_LETTERS
     from ptq_protein.support.digests import records_digest
-    from ptq_protein.support.io_utils import check_out_path
+    from ptq_protein.workflows.memory_budget import resident_bytes
+    from ptq_protein.workloads.embed_memory import check_budget
     from ptq_protein.workloads.shards import choose_shard, rank_device
 
     max_memory = args.max_memory  # bytes (parsed by memory_size)
-    check_out_path(Path(args.out), force=True, what="folder")  # refused before the model loads
+    check_budget(max_memory, resident_bytes(), "before loading the model")  # a budget already spent: refused now
     changes: dict = {}
     records = read_fasta(Path(args.fasta), alphabet=ESM_ALPHABET_LETTERS, changes=changes,
                          duplicates=args.duplicates)  # no length cap
-    for seq_id, seq in records:
-        if len(seq) > ESM2_MAX_RESIDUES:  # folded (memory permitting), with one line saying what it means
-            logger.warning("%s: %d residues; ESMFold's language model was trained on at most %d, so accuracy "
-                           "beyond that is not established: folding it anyway", seq_id, len(seq), ESM2_MAX_RESIDUES)
     shard = choose_shard(args.shard)
     artifact = check_model_or_artifact(args, "fold")
     identity = {"tool": "ptq-protein fold", "format_version": 1, "fasta_sha256": records_digest(records),
@@ -91,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
                             "dtype": args.dtype or "float32"}}
     check_fold_folder(Path(args.out), identity, model_hint(args, artifact))  # another run's folder: refused now
     records = [records[i] for i in shard.select([len(seq) for _, seq in records])]
+    check_fold_outputs(Path(args.out), records, args.force)  # --out a file, PDBs in the way: before the model loads
     notes = _input_notes(records, changes)
     model, model_identity = load_model_or_artifact(args, artifact, rank_device(resolve_device(args.device)))
     require_esmfold(model)
@@ -108,12 +103,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _input_notes(records, changes: dict) -> dict:
-    """id -> one line saying what reading and ESMFold change in that sequence (only sequences something changed)."""
+    """id -> one line saying what reading and ESMFold change in that sequence, or that it is longer than ESMFold's
+    language model was trained on (only sequences with something to say; printed for those folded)."""
     from ptq_protein.eval.bench.folding import esmfold_input_notes
+    from ptq_protein.models.adapters import ESM2_MAX_RESIDUES
 
     notes = {}
     for seq_id, seq in records:
-        said = [n for n in (changes.get(seq_id, ""), esmfold_input_notes(seq)) if n]
+        long = (f"{len(seq)} residues; ESMFold's language model was trained on at most {ESM2_MAX_RESIDUES}, so "
+                "accuracy beyond that is not established" if len(seq) > ESM2_MAX_RESIDUES else "")
+        said = [n for n in (changes.get(seq_id, ""), esmfold_input_notes(seq), long) if n]
         if said:
             notes[seq_id] = f"{seq_id}: " + "; ".join(said)
     return notes
@@ -142,7 +141,8 @@ def _report(args: argparse.Namespace, model, written: dict, refused: dict, notes
         for seq_id, folded in written.items():
             ptm = "-" if folded.ptm is None else f"{folded.ptm:.3f}"
             print(f"{seq_id}\tmean pLDDT {folded.plddt:.1f}\tpTM {ptm}\t{folded.path}")
-    for line in list(notes.values()) + ([no_pae] if no_pae else []):
+    kept = [line for seq_id, line in notes.items() if seq_id in written]  # what a refused sequence would have been
+    for line in kept + ([no_pae] if no_pae else []):
         print(f"ptq-protein fold: {line}", file=sys.stderr)
     for reason in refused.values():
         print(f"ptq-protein fold: not folded: {reason}", file=sys.stderr)
