@@ -128,7 +128,7 @@ def read_fasta_records(source: PathOrText, *, alphabet: str = ESM_AMINO_ACIDS,
 
 
 def validate_sequence(sequence: str, *, alphabet: str = ESM_AMINO_ACIDS, max_length: Optional[int] = None,
-                      where: str = "sequence") -> str:
+                      where: str = "sequence", limit_reason: Optional[str] = None) -> str:
     """Return ``sequence`` upper-cased, whitespace-free, without a terminal ``*``; raise if it is invalid.
 
     Parameters
@@ -141,6 +141,8 @@ def validate_sequence(sequence: str, *, alphabet: str = ESM_AMINO_ACIDS, max_len
         Longest allowed length (e.g. :data:`ESM2_MAX_RESIDUES`), or None.
     where
         What to call the sequence in messages, e.g. ``"my.fasta: sequence 'x'"``.
+    limit_reason
+        Why ``max_length`` is the limit, for the message (default: ESM-2's 1022 residues).
 
     Raises
     ------
@@ -162,7 +164,8 @@ def validate_sequence(sequence: str, *, alphabet: str = ESM_AMINO_ACIDS, max_len
     if max_length is not None and len(cleaned) > max_length:
         raise InputError(
             f"{where}: {len(cleaned)} residues is longer than the limit of {max_length} "
-            f"(ESM-2 accepts at most {ESM2_MAX_RESIDUES} residues); split it into domains or crop it")
+            f"({limit_reason or f'ESM-2 accepts at most {ESM2_MAX_RESIDUES} residues'}); split it into domains or "
+            "crop it")
     return cleaned
 
 

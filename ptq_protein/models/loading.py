@@ -41,7 +41,7 @@ from ptq_protein.data.fasta import ESM2_MAX_RESIDUES, ESM_AMINO_ACIDS, validate_
 from ptq_protein.models import resolve
 from ptq_protein.models.checkpoints import file_sha256, load_torch_checkpoint, split_state
 from ptq_protein.models.declared import check_name_fits
-from ptq_protein.models.esmc_load import is_esmc_state, load_esmc
+from ptq_protein.models.esmc_load import is_esmc_state, load_esmc, refuse_partial_esmc
 from ptq_protein.models.esmfold_convert import load_fair_esmfold
 from ptq_protein.models.fair_esm2 import load_fair_esm2
 from ptq_protein.models.finite import check_finite_weights
@@ -306,6 +306,7 @@ def _read_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: 
         if mmap:
             attach_mapping(model, data.values())
         return LoadedModel(model, esmc_vocab(), ModelFamily.ESMC, label, str(path), digest, None)
+    refuse_partial_esmc(data, str(path))
     state, _ = split_state(data, path)
     if any(k.startswith("trunk.") for k in state):
         del data, state

@@ -67,7 +67,9 @@ def plan_scores(sequence: str, strategy: Union[str, Strategy], out: Union[str, P
                 force: bool = False) -> ScoreJob:
     """A checked :class:`ScoreJob`; ``InputError`` / ``FileExistsError`` name the problem (nothing is written)."""
     strategy = Strategy.parse(strategy)
-    sequence = validate_sequence(sequence, max_length=ESM2_MAX_RESIDUES, where="--sequence")
+    sequence = validate_sequence(sequence, max_length=ESM2_MAX_RESIDUES, where="--sequence",
+                                 limit_reason=f"score takes wild types of at most {ESM2_MAX_RESIDUES} residues, "
+                                              "ESM-2's limit, whatever the model")
     if isinstance(toks_per_batch, bool) or not isinstance(toks_per_batch, int) or toks_per_batch < 1:
         raise InputError(f"--toks-per-batch {toks_per_batch!r} must be a positive number of tokens")
     if not column.strip():
