@@ -12,6 +12,7 @@ import torch
 
 from ptq_protein import read_embeddings
 from ptq_protein.cli.main import main
+from ptq_protein.data.fasta import write_fasta
 from ptq_protein.workloads.embed_seal import SEAL_RECORD
 
 SEQS = {"a": "MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQ", "b": "MENDELKKLLAAGHRW", "c": "ACDEFGHIKLMNPQRSTVWYACDEFGHIKL"}
@@ -19,9 +20,7 @@ SEQS = {"a": "MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQ", "b": "MENDELKKLLAAGHRW", "c": 
 
 @pytest.fixture()
 def fasta(tmp_path):
-    path = tmp_path / "seqs.fasta"
-    path.write_text("".join(f">{k}\n{v}\n" for k, v in SEQS.items()))
-    return path
+    return write_fasta(tmp_path / "seqs.fasta", SEQS.items())
 
 
 def embed(fasta, out, *extra):
