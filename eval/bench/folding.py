@@ -91,7 +91,8 @@ def check_fold_outputs(out_dir: Path, records: Sequence[Tuple[str, str]], force:
     ``force`` may not replace (only those ``fold_index.json`` lists).
     """
     out_dir = Path(out_dir)
-    check_out_path(out_dir / INDEX_NAME, force=True, what="folder")  # a usable folder, not under a file
+    check_out_path(out_dir, force=True, what="folder")  # refused in words (a read-only place, under a file)
+    check_out_path(out_dir / INDEX_NAME, force=True, what="folder")  # a usable folder, not a file itself
     for seq_id, seq in records:
         if not esmfold_known(seq):
             raise InputError(f"sequence {seq_id!r} has no residue ESMFold knows (only {'/'.join(sorted(set(seq)))}): "
