@@ -36,13 +36,24 @@ def is_esmc_state(data: Any) -> bool:
 
 
 def refuse_partial_esmc(data: Any, where: str) -> None:
-    """Refuse, naming what it lacks, a state dict in ESM C's layout (``transformer.blocks.*`` keys) that
-    :func:`is_esmc_state` does not accept: it would otherwise be told it is no fair-esm checkpoint."""
-    if not (isinstance(data, dict) and any(isinstance(k, str) and k.startswith("transformer.blocks.") for k in data)):
+    """Refuse, in ESM C's words, a state dict in ESM C's layout (``transformer.blocks.*`` keys) that
+    :func:`is_esmc_state` does not accept, or one nested under a key: it would otherwise be told it is no
+    fair-esm checkpoint."""
+    if not isinstance(data, dict):
+        return
+    nested = next((key for key, value in data.items() if _esmc_layout(value)), None)
+    if nested is not None:
+        raise InputError(f"{where}: an ESM C state dict nested under {nested!r}; ptq-protein reads ESM C files in "
+                         f"the official layout, the state dict itself: save data[{nested!r}] with torch.save")
+    if not _esmc_layout(data):
         return
     lacking = [key for key in ("embed.weight", _MARK) if not torch.is_tensor(data.get(key))]
     raise InputError(f"{where}: an ESM C state dict (transformer.blocks.* keys) without the tensor(s) {lacking}; the "
                      "file is incomplete or damaged: re-download it")
+
+
+def _esmc_layout(data: Any) -> bool:
+    return isinstance(data, dict) and any(isinstance(k, str) and k.startswith("transformer.blocks.") for k in data)
 
 
 def esmc_sizes(state: Dict[str, torch.Tensor], where: str) -> Tuple[int, int, int]:

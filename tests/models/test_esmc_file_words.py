@@ -46,3 +46,10 @@ def test_score_does_not_call_an_esmc_limit_esm2s(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2 and "longer than the limit of 1022" in err and "ESM-2 accepts" not in err
     assert "whatever the model" in err
+
+
+@pytest.mark.parametrize("key", ["model", "state_dict"])
+def test_an_esmc_state_dict_nested_under_a_key_is_called_esmc(tmp_path, fasta, capsys, key):
+    torch.save({key: ESMC(128, 2, 2).state_dict()}, tmp_path / "esmc_small.pth")
+    code, err = _embed(tmp_path / "esmc_small.pth", fasta, tmp_path / "o", capsys)
+    assert code == 2 and f"an ESM C state dict nested under '{key}'" in err and "fair-esm" not in err
