@@ -69,14 +69,21 @@ MOVED = {
 class _AliasLoader(importlib.abc.Loader):
     def __init__(self, new: str):
         self.new = new
+        self.spec = None
 
     def create_module(self, spec):
+        # stacklevel 2: warnings skips importlib's frames, so this names the importing line; Python's default
+        # filters show a DeprecationWarning only there in __main__ (a script, a notebook): 3 named no frame
         warnings.warn(f"{spec.name} moved to {self.new}; the old path will be removed in ptq-protein 0.3",
-                      DeprecationWarning, stacklevel=3)
-        return importlib.import_module(self.new)
+                      DeprecationWarning, stacklevel=2)
+        module = importlib.import_module(self.new)
+        self.spec = module.__spec__
+        return module
 
-    def exec_module(self, module) -> None:  # the target module is already executed
-        return None
+    def exec_module(self, module) -> None:
+        """The target module is already executed; give it back its own ``__spec__``, which the import system
+        has just replaced with the alias's (``importlib.reload`` and pickling read it)."""
+        module.__spec__ = self.spec
 
 
 class _AliasFinder(importlib.abc.MetaPathFinder):

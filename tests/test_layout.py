@@ -170,7 +170,22 @@ def test_old_paths_alias_the_new_modules_with_a_warning(old):
         module = importlib.import_module(old)
     assert module is importlib.import_module(_compat.MOVED[old])
     assert any(issubclass(w.category, DeprecationWarning) and _compat.MOVED[old] in str(w.message) for w in caught)
+    assert module.__spec__.name == module.__name__ == _compat.MOVED[old]  # the alias's spec did not replace it
     sys.modules.pop(old, None)  # keep the alias out of later tests
+
+
+def test_the_old_path_warning_shows_under_default_filters(tmp_path):
+    """It was attributed to no frame (stacklevel 3 past the importer), which Python's default filters ignore."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "old.py"
+    script.write_text("import ptq_protein.modules\nimport importlib\nimportlib.reload(ptq_protein.nn.modules)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert f"{script}:1: DeprecationWarning: ptq_protein.modules moved to ptq_protein.nn.modules" in run.stderr
 
 
 def test_public_names_resolve():

@@ -82,6 +82,45 @@ def esmfold_input_notes(sequence: str) -> str:
             "them), the others keep their numbers")
 
 
+def check_fold_outputs(out_dir: Path, records: Sequence[Tuple[str, str]], force: bool = False) -> Dict[str, Path]:
+    """Everything about ``out_dir`` and ``records`` that can be refused before the model loads; returns
+    {id: its PDB path}.
+
+    Refuses (one line each) an ``out_dir`` that is a file or under one, a sequence with no residue ESMFold
+    knows (all X: no atom to write), a PDB or PAE path that is a folder or a link, and an existing PDB that
+    ``force`` may not replace (only those ``fold_index.json`` lists).
+    """
+    out_dir = Path(out_dir)
+    check_out_path(out_dir, force=True, what="folder")  # refused in words (a read-only place, under a file)
+    check_out_path(out_dir / INDEX_NAME, force=True, what="folder")  # a usable folder, not a file itself
+    for seq_id, seq in records:
+        if not esmfold_known(seq):
+            raise InputError(f"sequence {seq_id!r} has no residue ESMFold knows (only {'/'.join(sorted(set(seq)))}): "
+                             "it predicts no atom for unknown residues, so there is no structure to write; remove "
+                             "it from the FASTA")
+    index = _read_index(out_dir / INDEX_NAME)
+    paths = {seq_id: out_dir / f"{safe_stem(seq_id)}.pdb" for seq_id, _ in records}
+    for path in (p for pdb in paths.values() for p in (pdb, pae_path(pdb))):
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise FileExistsError(f"{path} is {'a link' if path.is_symlink() else 'a folder'}, where fold writes a "
+                                  "file (--force replaces only files an earlier fold wrote); move it away")
+    clash = [p for pdb in paths.values() for p in (pdb, pae_path(pdb))
+             if p.exists() and not (force and pdb.name in index.values())]
+    if clash:
+        hint = "choose a new --out folder"
+        if not force:
+            hint += ", or pass --force to replace PDBs an earlier fold wrote"
+        raise FileExistsError(f"{clash[0]} already exists ({len(clash)} PDB file(s) in the way); {hint}")
+    return paths
+
+
+def esmfold_known(sequence: str) -> bool:
+    """Whether ``sequence`` holds at least one residue type ESMFold predicts atoms for."""
+    from transformers.models.esm.openfold_utils import residue_constants
+
+    return any(ch in residue_constants.restypes for ch in sequence)
+
+
 def fold_to_pdbs(model: nn.Module, records: Sequence[Tuple[str, str]], out_dir: Path,
                  num_recycles: Optional[int] = None, progress: bool = False, force: bool = False,
                  max_memory: Optional[int] = None, refused: Optional[Dict[str, str]] = None,
@@ -108,19 +147,10 @@ def fold_to_pdbs(model: nn.Module, records: Sequence[Tuple[str, str]], out_dir: 
     """
     require_esmfold(model)
     out_dir = Path(out_dir)
-    check_out_path(out_dir / INDEX_NAME, force=True, what="folder")  # a usable folder, not under a file
     if identity is not None:
         check_fold_folder(out_dir, identity)
     index_path = out_dir / INDEX_NAME
-    index = _read_index(index_path)
-    paths = {seq_id: out_dir / f"{safe_stem(seq_id)}.pdb" for seq_id, _ in records}
-    clash = [p for pdb in paths.values() for p in (pdb, pae_path(pdb))
-             if p.exists() and not (force and pdb.name in index.values())]
-    if clash:
-        hint = "choose a new --out folder"
-        if not force:
-            hint += ", or pass --force to replace PDBs an earlier fold wrote"
-        raise FileExistsError(f"{clash[0]} already exists ({len(clash)} PDB file(s) in the way); {hint}")
+    paths = check_fold_outputs(out_dir, records, force)
     out_dir.mkdir(parents=True, exist_ok=True)
     if identity is not None:
         _manifest(out_dir).bind(identity)
@@ -146,8 +176,9 @@ def _fold_all(model: nn.Module, records: Sequence[Tuple[str, str]], paths: Dict[
             refused[seq_id] = f"{seq_id}: {err}"
             log.debug("not folded: %s", refused[seq_id])
             continue
+        pdb = model.output_to_pdb(output)[0]  # before the index lists it: a failure here leaves no entry
         _record(index_path, seq_id, paths[seq_id].name)  # before the PDB: a PDB in the folder is always ours
-        atomic_write_text(paths[seq_id], model.output_to_pdb(output)[0])
+        atomic_write_text(paths[seq_id], pdb)
         pae = pae_json(output)
         if pae is not None:
             atomic_write_text(pae_path(paths[seq_id]), pae)

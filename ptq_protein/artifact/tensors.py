@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from pathlib import Path
 from typing import Dict, List, Tuple
@@ -32,6 +33,7 @@ _DTYPES = {
     "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
 }
 _METADATA = "__metadata__"
+_MAX_HEADER = 100_000_000  # safetensors' own limit on a header (its Rust reader refuses more)
 
 
 def _header(handle, file: Path) -> Tuple[Dict[str, dict], int]:
@@ -40,6 +42,11 @@ def _header(handle, file: Path) -> Tuple[Dict[str, dict], int]:
     if len(size_bytes) != 8:
         raise ArtifactError(f"{file} is too short for a safetensors header; re-run quantize")
     (size,) = struct.unpack("<Q", size_bytes)
+    room = os.fstat(handle.fileno()).st_size - 8
+    if size > min(room, _MAX_HEADER):  # bounded before reading: 2**40 asked for a terabyte (MemoryError)
+        raise ArtifactError(f"{file} declares a safetensors header of {size} bytes (the file holds {max(room, 0)} "
+                            f"after the size field; safetensors allows {_MAX_HEADER}); the file is corrupt: re-run "
+                            "quantize")
     raw = handle.read(size)
     try:
         header = json.loads(raw)

@@ -9,6 +9,11 @@ import sys
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple
 
 
+def printable(text: str) -> str:
+    """``text`` with control characters (ESC, BEL, ...) written as escapes: ids reach the terminal inert."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
 def add_runtime_options(parser: argparse.ArgumentParser) -> None:
     """--device/--dtype/--seed/--quiet, as every model-running command takes them."""
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"], help="where to run (default: cpu)")

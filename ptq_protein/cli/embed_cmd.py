@@ -10,6 +10,7 @@ from ptq_protein.cli.common import (
     add_runtime_options,
     input_notes,
     memory_size,
+    printable,
     resolve_device,
     say_input_changes,
     show_progress,
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     _summary(report, args.out, shard)
     say_input_changes("embed", input_notes(records, changes))
     for reason in report.refused.values():
-        print(f"ptq-protein embed: not embedded: {reason}", file=sys.stderr)
+        print(f"ptq-protein embed: not embedded: {printable(reason)}", file=sys.stderr)
     return 2 if report.refused else 0
 
 

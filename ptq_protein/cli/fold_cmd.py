@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
@@ -25,8 +24,6 @@ from ptq_protein.cli.models_arg import (
     load_model_or_artifact,
     model_hint,
 )
-
-logger = logging.getLogger(__name__)
 
 EXAMPLES = """examples:
   ptq-protein fold runs/tiny-esmfold-w8a8-pwlq --fasta targets.fasta --out preds/
@@ -72,21 +69,18 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from ptq_protein import __version__
     from ptq_protein.data.fasta import read_fasta
-    from ptq_protein.eval.bench.folding import check_fold_folder, esmfold_input_notes, fold_to_pdbs, require_esmfold
-    from ptq_protein.models.adapters import ESM2_MAX_RESIDUES, ESM_ALPHABET_LETTERS
+    from ptq_protein.eval.bench.folding import check_fold_folder, check_fold_outputs, fold_to_pdbs, require_esmfold
+    from ptq_protein.models.adapters import ESM_ALPHABET_LETTERS
     from ptq_protein.support.digests import records_digest
-    from ptq_protein.support.io_utils import check_out_path
+    from ptq_protein.workflows.memory_budget import resident_bytes
+    from ptq_protein.workloads.embed_memory import check_budget
     from ptq_protein.workloads.shards import choose_shard, rank_device
 
     max_memory = args.max_memory  # bytes (parsed by memory_size)
-    check_out_path(Path(args.out), force=True, what="folder")  # refused before the model loads
+    check_budget(max_memory, resident_bytes(), "before loading the model")  # a budget already spent: refused now
     changes: dict = {}
     records = read_fasta(Path(args.fasta), alphabet=ESM_ALPHABET_LETTERS, changes=changes,
                          duplicates=args.duplicates)  # no length cap
-    for seq_id, seq in records:
-        if len(seq) > ESM2_MAX_RESIDUES:  # folded (memory permitting), with one line saying what it means
-            logger.warning("%s: %d residues; ESMFold's language model was trained on at most %d, so accuracy "
-                           "beyond that is not established: folding it anyway", seq_id, len(seq), ESM2_MAX_RESIDUES)
     shard = choose_shard(args.shard)
     artifact = check_model_or_artifact(args, "fold")
     identity = {"tool": "ptq-protein fold", "format_version": 1, "fasta_sha256": records_digest(records),
@@ -94,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
                             "dtype": args.dtype or "float32"}}
     check_fold_folder(Path(args.out), identity, model_hint(args, artifact))  # another run's folder: refused now
     records = [records[i] for i in shard.select([len(seq) for _, seq in records])]
-    notes = input_notes(records, changes, esmfold_input_notes)  # what reading and ESMFold change
+    check_fold_outputs(Path(args.out), records, args.force)  # --out a file, PDBs in the way: before the model loads
+    notes = input_notes(records, changes, _fold_notes)  # what reading and ESMFold change
     model, model_identity = load_model_or_artifact(args, artifact, rank_device(resolve_device(args.device)))
     require_esmfold(model)
     if args.pair_bits is not None:
@@ -108,6 +103,16 @@ def run(args: argparse.Namespace) -> int:
                            shard_tag=None if shard.count == 1 else shard.tag, identity=identity)
     _report(args, model, written, refused, notes)
     return 2 if refused else 0
+
+
+def _fold_notes(seq: str) -> str:
+    """What ESMFold changes in ``seq``, and whether it is longer than ESMFold's language model was trained on."""
+    from ptq_protein.eval.bench.folding import esmfold_input_notes
+    from ptq_protein.models.adapters import ESM2_MAX_RESIDUES
+
+    long = (f"{len(seq)} residues; ESMFold's language model was trained on at most {ESM2_MAX_RESIDUES}, so "
+            "accuracy beyond that is not established" if len(seq) > ESM2_MAX_RESIDUES else "")
+    return "; ".join(n for n in (esmfold_input_notes(seq), long) if n)
 
 
 def _report(args: argparse.Namespace, model, written: dict, refused: dict, notes: dict) -> None:
@@ -133,6 +138,7 @@ def _report(args: argparse.Namespace, model, written: dict, refused: dict, notes
         for seq_id, folded in written.items():
             ptm = "-" if folded.ptm is None else f"{folded.ptm:.3f}"
             print(f"{seq_id}\tmean pLDDT {folded.plddt:.1f}\tpTM {ptm}\t{folded.path}")
-    say_input_changes("fold", {**notes, **({"pae": no_pae} if no_pae else {})})
+    kept = {seq_id: line for seq_id, line in notes.items() if seq_id in written}  # not a refused sequence's
+    say_input_changes("fold", {**kept, **({"pae": no_pae} if no_pae else {})})
     for reason in refused.values():
         print(f"ptq-protein fold: not folded: {reason}", file=sys.stderr)

@@ -14,6 +14,7 @@ import sys
 from typing import Callable, Optional, Sequence
 
 from ptq_protein import __version__
+from ptq_protein.cli.common import printable
 from ptq_protein.support.process_memory import managed_heap
 
 # module name -> sub-commands it registers; order is the order shown in --help.
@@ -63,7 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _one_line(err: BaseException) -> str:
     text = str(err).strip() or type(err).__name__
-    return " ".join(text.split())
+    return printable(" ".join(text.split()))
+
+
+class _PrintableFormatter(logging.Formatter):
+    """Log lines as :func:`printable` text: an id holding ESC or BEL cannot drive the terminal."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(printable(line) for line in super().format(record).split("\n"))
 
 
 def _route_library_noise() -> None:
@@ -94,7 +102,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     level = logging.WARNING if getattr(args, "quiet", False) else logging.INFO
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(_PrintableFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
     _route_library_noise()
     func: Callable[[argparse.Namespace], int] = args.func
     try:
@@ -112,8 +122,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except Exception as err:  # runtime failure: one line, traceback only with --debug
         if args.debug:
             raise
-        print(f"ptq-protein {args.command}: failed: {type(err).__name__}: {_one_line(err)}", file=sys.stderr)
+        said = _disk_full(err) or f"{type(err).__name__}: {_one_line(err)}"
+        print(f"ptq-protein {args.command}: failed: {said}", file=sys.stderr)
         return EXIT_RUNTIME
+
+
+def _disk_full(err: BaseException) -> str:
+    """A write that ran out of disk (or of a quota or file-size limit), in words; "" for any other error."""
+    import errno
+
+    if not isinstance(err, OSError) or err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return ""
+    where = f"writing {err.filename}" if err.filename else "writing"
+    return printable(f"{where}: {err.strerror} (the disk holding it is full, or a quota or file-size limit was "
+                     "reached); free space there or choose another output folder, then rerun: files already "
+                     "written are kept and not computed again")
 
 
 if __name__ == "__main__":  # pragma: no cover

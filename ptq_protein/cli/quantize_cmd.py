@@ -8,7 +8,6 @@ from typing import Optional
 
 from ptq_protein.cli.auto_opts import add_auto_options, auto_budget, run_auto
 from ptq_protein.cli.common import (
-    CPU_CALIB_MAX_LENGTH,
     add_batch_size_option,
     add_calib_crop_option,
     add_json_option,
@@ -19,6 +18,7 @@ from ptq_protein.cli.common import (
 )
 from ptq_protein.cli.compare_table import add_check_options, compare_names, comparison_lines, print_comparison
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, load_float_model
+from ptq_protein.cli.quantize_low_memory import memory_mode, quantize_low_memory
 
 EXIT_FIDELITY = 3  # the artifact was written, but its own check is far outside what its recipe gives
 
@@ -99,10 +99,14 @@ def run(args: argparse.Namespace) -> int:
     out = args.out if args.out is not None else f"runs/{Path(args.model).name}-{recipe}"
     check_artifact_out(out, force=args.force)  # before calibration: refused in words, not after minutes
     out = Path(out)
-    if _memory_mode(args, budget):
-        qmodel = _quantize_streaming(args, recipe)
-        summary = _summary(qmodel, out, recipe, _save(qmodel, out, args, None))
+    if memory_mode(args, budget):
+        qmodel, check = quantize_low_memory(args, recipe)  # the float outputs of --check streamed too
+        comparison = _fidelity(qmodel, check) if check is not None else None
+        summary = _summary(qmodel, out, recipe, _save(qmodel, out, args, None, comparison))
         summary["low_memory"] = "asked" if args.low_memory else "chosen: only this mode fits in memory"
+        if comparison is not None:
+            comparison.pop("references")
+            _record_check(summary, comparison, out, False, calibration={"passes": 1, "notes": {}})
         return _report(summary, args, demo=False)
     loaded = load_float_model(args, args.model, mmap=True)
     recipe, out = _family_default(args, loaded, recipe, budget, out)
@@ -132,15 +136,20 @@ def run(args: argparse.Namespace) -> int:
     if qmodel.ptq_state.plan is not None:
         summary["plan"] = qmodel.ptq_state.plan.to_dict()
     if comparison is not None:
-        summary["fidelity_verdict"] = comparison["rows"][0].get("verdict")
         del qmodel  # the compared recipes are built one at a time next to the FP model
         comparison["rows"] += _compare_rows(args, loaded, compare, passes, comparison.pop("references"))
-        comparison.update(skipped=skipped, calibration={"passes": len({id(p) for p in passes.values() if p}),
-                                                        "notes": notes})
-        summary["fidelity_vs_fp"] = comparison.pop("main_metrics")
-        summary["comparison"] = comparison
-        _card_fidelity(out, comparison, demo)
+        _record_check(summary, comparison, out, demo, skipped=skipped,
+                      calibration={"passes": len({id(p) for p in passes.values() if p}), "notes": notes})
     return _report(summary, args, demo)
+
+
+def _record_check(summary: dict, comparison: dict, out: Path, demo: bool, **extra) -> None:
+    """The check's verdict, metrics and table into the summary, and the table into the model card."""
+    summary["fidelity_verdict"] = comparison["rows"][0].get("verdict")
+    comparison.update({"skipped": [], **extra})
+    summary["fidelity_vs_fp"] = comparison.pop("main_metrics")
+    summary["comparison"] = comparison
+    _card_fidelity(out, comparison, demo)
 
 
 def _card_fidelity(out: Path, comparison: dict, demo: bool) -> None:
@@ -297,16 +306,6 @@ def _compare_rows(args: argparse.Namespace, loaded, compare, passes, refs) -> li
     return [row.to_dict() for row in rows]
 
 
-def _quantize_streaming(args: argparse.Namespace, recipe: str):
-    """--low-memory: layer by layer from the mapped file (no --check: the float model never exists whole)."""
-    from ptq_protein.models.loading import locate_weights
-    from ptq_protein.workflows.streaming import quantize_streaming
-
-    path = locate_weights(args.model, args.weights)  # _stream_refusal checked it is a fair-esm file on the CPU
-    return quantize_streaming(path, recipe, calibration=args.calib, batch_size=args.batch_size,
-                              calib_max_length=calib_crop(args, "cpu"))
-
-
 def _model_info(args: argparse.Namespace, loaded) -> dict:
     if loaded is not None:
         return {"name": loaded.name, "family": loaded.family, "source": str(loaded.source),
@@ -359,44 +358,6 @@ def _print_summary(summary: dict, demo: bool) -> None:
             print(f"  {unit['unit']:<40} {unit['choice']}")
     if summary.get("comparison"):
         print_comparison(summary["comparison"], demo)
-
-
-def _memory_mode(args: argparse.Namespace, budget) -> bool:
-    """True to stream layer by layer (``--low-memory``, or needed to fit).
-
-    Refuses, before loading, a run that cannot fit.
-    """
-    from ptq_protein.api import resolve_calibration
-    from ptq_protein.models.adapters import ModelAdapter
-    from ptq_protein.models.loading import locate_weights
-    from ptq_protein.workflows.memory_budget import choose_low_memory
-
-    path = locate_weights(args.model, args.weights)
-    refusal = _stream_refusal(args, budget, path)
-    if args.low_memory and refusal is not None:
-        raise ValueError(f"--low-memory does not apply here: {refusal}; drop --low-memory")
-    crop = args.calib_max_length if args.calib_max_length is not None else CPU_CALIB_MAX_LENGTH
-    longest = max((len(s) for s in resolve_calibration(args.calib)[1]), default=0)
-    # Without --batch-size, the base default (the language models') bounds every family's.
-    tokens = (args.batch_size or ModelAdapter.calibration_batch) * ((min(longest, crop) if crop else longest) + 2)
-    return choose_low_memory(path, asked=args.low_memory, calibration_tokens=tokens, stream_refusal=refusal)
-
-
-def _stream_refusal(args: argparse.Namespace, budget, path: Optional[Path]) -> Optional[str]:
-    """Why this run cannot stream layer by layer (None: it can); ``path`` is the weights located for it."""
-    from ptq_protein.cli.common import resolve_device
-
-    if budget is not None:
-        return "--auto searches recipes on the float model whole"
-    if (path is None or not path.is_file() or resolve_device(args.device) != "cpu"
-            or (args.dtype or "float32") != "float32"):
-        return ("streaming reads fair-esm ESM-2 .pt files on the CPU in float32 (not tiny models, Hugging Face "
-                "folders, other devices or dtypes)")
-    if args.backend != "fake":
-        return "streaming writes backend 'fake' artifacts (drop --backend)"
-    if args.compare is not None and args.compare.strip().lower() != "none":
-        return "--compare needs the float model whole"
-    return None
 
 
 def _family_default(args: argparse.Namespace, loaded, recipe: str, budget, out: Path):

@@ -6,9 +6,12 @@ CLI prints exactly that line.
 
 Rules, in the order they are applied to each record:
 
-* the id is the first whitespace-separated word after ``>``; the rest of the
-  header is the description; lines starting with ``;`` are comments;
-* whitespace inside sequence lines is dropped, letters are upper-cased;
+* lines end at ``\\n``, ``\\r\\n`` or ``\\r`` only (Python's universal newlines, as fair-esm and Biopython
+  read files): NEL, LINE SEPARATOR or a form feed inside a header are part of the header;
+* the header is the line after ``>``, stripped at both ends (fair-esm's label); the id is its first
+  whitespace-separated word, the rest the description; lines starting with ``;`` are comments;
+* ASCII whitespace inside sequence lines is dropped, ASCII letters are upper-cased; any other
+  character is an invalid letter;
 * one terminal ``*`` (stop codon) is stripped; a ``*`` anywhere else is invalid;
 * letters outside ``alphabet`` are an error naming the id, letter and position;
 * a sequence longer than ``max_length`` is an error naming the limit.
@@ -22,6 +25,7 @@ Example
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -57,17 +61,21 @@ _LETTER_HINTS = {
     "|": " (ESM C's chain break: one chain per sequence is read here)",
 }
 _DUPLICATE_POLICIES = ("error", "rename")
+_ASCII_SPACE = " \t\n\r\v\f"
+_LINE_END = re.compile(r"\r\n|\r|\n")
 _MAX_SNIPPET = 40
 
 PathOrText = Union[str, bytes, os.PathLike]
 
 
 class FastaRecord(NamedTuple):
-    """One FASTA entry: ``id`` (first header word), upper-case ``sequence`` and the rest of the header."""
+    """One FASTA entry: ``id`` (first header word), upper-case ``sequence``, the rest of the header, and the
+    whole header as written (stripped at both ends: fair-esm's label, tabs and repeated spaces kept)."""
 
     id: str
     sequence: str
     description: str = ""
+    header: str = ""
 
 
 def read_fasta(source: PathOrText, *, alphabet: str = ESM_AMINO_ACIDS, max_length: Optional[int] = None,
@@ -111,7 +119,7 @@ def read_fasta_records(source: PathOrText, *, alphabet: str = ESM_AMINO_ACIDS,
     text, label = _read_text(source, where)
     raw = _split_records(text, label)
     records, lines, notes = [], [], []
-    for header_line, name, description, chunks in raw:
+    for header_line, name, description, header, chunks in raw:
         sequence = _clean_sequence("".join(chunks))
         notes.append(cleaning_note("".join(chunks)))
         if not sequence:
@@ -119,7 +127,7 @@ def read_fasta_records(source: PathOrText, *, alphabet: str = ESM_AMINO_ACIDS,
                              "add its residues on the lines after the header or remove the header")
         sequence = validate_sequence(sequence, alphabet=alphabet, max_length=max_length,
                                      where=f"{label}: sequence {name!r}")
-        records.append(FastaRecord(name, sequence, description))
+        records.append(FastaRecord(name, sequence, description, header))
         lines.append(header_line)
     records = _handle_duplicates(records, duplicates, label, lines)  # same order; repeats renamed
     if changes is not None:
@@ -128,7 +136,7 @@ def read_fasta_records(source: PathOrText, *, alphabet: str = ESM_AMINO_ACIDS,
 
 
 def validate_sequence(sequence: str, *, alphabet: str = ESM_AMINO_ACIDS, max_length: Optional[int] = None,
-                      where: str = "sequence") -> str:
+                      where: str = "sequence", limit_reason: Optional[str] = None) -> str:
     """Return ``sequence`` upper-cased, whitespace-free, without a terminal ``*``; raise if it is invalid.
 
     Parameters
@@ -141,6 +149,8 @@ def validate_sequence(sequence: str, *, alphabet: str = ESM_AMINO_ACIDS, max_len
         Longest allowed length (e.g. :data:`ESM2_MAX_RESIDUES`), or None.
     where
         What to call the sequence in messages, e.g. ``"my.fasta: sequence 'x'"``.
+    limit_reason
+        Why ``max_length`` is the limit, for the message (default: ESM-2's 1022 residues).
 
     Raises
     ------
@@ -162,7 +172,8 @@ def validate_sequence(sequence: str, *, alphabet: str = ESM_AMINO_ACIDS, max_len
     if max_length is not None and len(cleaned) > max_length:
         raise InputError(
             f"{where}: {len(cleaned)} residues is longer than the limit of {max_length} "
-            f"(ESM-2 accepts at most {ESM2_MAX_RESIDUES} residues); split it into domains or crop it")
+            f"({limit_reason or f'ESM-2 accepts at most {ESM2_MAX_RESIDUES} residues'}); split it into domains or "
+            "crop it")
     return cleaned
 
 
@@ -223,11 +234,15 @@ def _decode(data: bytes, label: str) -> str:
         raise InputError(f"{label}: not UTF-8/ASCII text (byte {e.start}); give a plain-text FASTA file") from e
 
 
-def _split_records(text: str, label: str) -> List[Tuple[int, str, str, List[str]]]:
-    """Split into (header line number, id, description, sequence lines) without validating letters."""
-    records: List[Tuple[int, str, str, List[str]]] = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
+def _split_records(text: str, label: str) -> List[Tuple[int, str, str, str, List[str]]]:
+    """Split into (header line number, id, description, header, sequence lines) without validating letters.
+
+    Lines end at ``\\n``, ``\\r\\n`` and ``\\r`` only: ``str.splitlines`` would also break at NEL, U+2028 and
+    form feed, cutting a header in two and embedding its tail as residues.
+    """
+    records: List[Tuple[int, str, str, str, List[str]]] = []
+    for number, line in enumerate(_LINE_END.split(text), start=1):
+        stripped = line.strip(_ASCII_SPACE)
         if not stripped or stripped.startswith(";"):
             continue
         if stripped.startswith(">"):
@@ -235,30 +250,32 @@ def _split_records(text: str, label: str) -> List[Tuple[int, str, str, List[str]
             if not header:
                 raise InputError(f"{label}: line {number} is a header '>' without an id; write '>ID description'")
             name, *rest = header.split(None, 1)
-            records.append((number, name, rest[0].strip() if rest else "", []))
+            records.append((number, name, rest[0].strip() if rest else "", header, []))
         elif not records:
             snippet = stripped[:_MAX_SNIPPET]
             raise InputError(f"{label}: line {number} ({snippet!r}) comes before any '>' header; "
                              "a FASTA file starts with a '>ID' line")
         else:
-            records[-1][3].append(stripped)
+            records[-1][4].append(stripped)
     if not records:
         raise InputError(f"{label}: no FASTA records found (empty file or no '>' header lines)")
     return records
 
 
 def _clean_sequence(sequence: str) -> str:
-    cleaned = "".join(sequence.split()).upper()
-    return cleaned[:-1] if cleaned.endswith("*") else cleaned
+    """ASCII whitespace dropped, ASCII letters upper-cased; other characters kept for validation to name
+    (``str.upper`` would turn ``ß`` into ``SS``, ``str.split`` drop NEL)."""
+    kept = "".join(ch.upper() if ch.isascii() else ch for ch in sequence if ch not in _ASCII_SPACE)
+    return kept[:-1] if kept.endswith("*") else kept
 
 
 def cleaning_note(raw: str) -> str:
     """What :func:`_clean_sequence` changes in ``raw``, in words ("" for nothing worth saying)."""
     said = []
-    lower = sum(1 for ch in raw if ch.islower())
+    lower = sum(1 for ch in raw if ch.islower() and ch.isascii())
     if lower:
         said.append(f"{lower} lower-case letter{'s' if lower > 1 else ''} read as upper case")
-    if "".join(raw.split()).endswith("*"):
+    if raw.strip(_ASCII_SPACE).endswith("*"):
         said.append("the terminal '*' (stop) dropped")
     return "; ".join(said)
 
@@ -280,7 +297,8 @@ def _handle_duplicates(records: List[FastaRecord], policy: str, label: str,
                              "(rename the repeats, or have them named <id>#2, <id>#3, ...: --duplicates rename for "
                              "embed, fold and eval; duplicates='rename' in Python)")
         else:
-            out.append(record._replace(id=f"{record.id}#{count}"))
+            renamed_id = f"{record.id}#{count}"
+            out.append(record._replace(id=renamed_id, header=renamed_id + record.header[len(record.id):]))
     renamed = {record.id for record in out}
     if len(renamed) != len(out):
         raise InputError(f"{label}: renaming repeated ids clashes with an existing '<id>#k' id; rename them by hand")

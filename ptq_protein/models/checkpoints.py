@@ -27,6 +27,8 @@ import functools
 import logging
 import os
 import pickle
+import types
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any, Dict, Mapping, Sequence, Tuple, Union
@@ -139,7 +141,9 @@ def load_torch_checkpoint(path: Union[str, os.PathLike], *, allow_pickle: bool =
         raise InputError(f"checkpoint {path} does not exist; check the path")
     mmap = mmap and zipfile.is_zipfile(path)  # legacy (pre-1.6) files cannot be mapped: read them
     try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
+        with torch.serialization.safe_globals([argparse.Namespace]), warnings.catch_warnings():
+            # torch's note on a pickle protocol it does not write: the file is judged below, in one line
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         first_error = e
@@ -152,7 +156,13 @@ def load_torch_checkpoint(path: Union[str, os.PathLike], *, allow_pickle: bool =
             return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
         unpickler = _InertPickle()
         data = torch.load(path, map_location="cpu", weights_only=False, pickle_module=unpickler, mmap=mmap)
+    except CraftedPickle as e:
+        raise InputError(f"checkpoint {path} {e} (a crafted file: nothing was set or run); refused: use the "
+                         "published file") from e
     except Exception as e:  # noqa: BLE001 -- any failure here means the file cannot be read safely
+        if "magic number" in str(e) and not zipfile.is_zipfile(path):
+            raise InputError(f"checkpoint {path} is a plain pickle, not a PyTorch file (torch.save writes a zip "
+                             "archive); refused, nothing in it was run: save the weights with torch.save") from e
         raise _corrupt(path, e, first_error) from e
     logger.info("%s holds non-tensor objects %s; they were kept as inert placeholders, not executed",
                 path, sorted(unpickler.replaced))
@@ -183,14 +193,31 @@ def _placeholder(qualified_name: str) -> type:
     return type(qualified_name.rsplit(".", 1)[-1], (Unloaded,), {"qualified_name": qualified_name})
 
 
+class CraftedPickle(InputError):
+    """A pickle that tries to change a class, function or module while it loads (no honest checkpoint does)."""
+
+
+def _refuse_build_on_globals(unpickler: "pickle._Unpickler") -> None:
+    """Pickle's BUILD, on instances only: on a class (``torch.storage.UntypedStorage``), a function or a module
+    it would set attributes process-wide, which torch's weights-only loader refuses too."""
+    target = unpickler.stack[-2] if len(unpickler.stack) >= 2 else None
+    if isinstance(target, (type, types.FunctionType, types.BuiltinFunctionType, types.ModuleType)):
+        name = getattr(target, "__qualname__", getattr(target, "__name__", repr(target)))
+        raise CraftedPickle(f"sets attributes of {getattr(target, '__module__', '')}.{name} while loading")
+    pickle._Unpickler.load_build(unpickler)
+
+
 class _InertPickle:
-    """A ``pickle_module`` for ``torch.load`` whose Unpickler resolves only allowed globals."""
+    """A ``pickle_module`` for ``torch.load`` whose Unpickler resolves only allowed globals and builds only
+    instances (the pure-Python unpickler: its BUILD can be checked; checkpoints' pickles are small)."""
 
     def __init__(self) -> None:
         self.replaced = set()
         outer = self
 
-        class Unpickler(pickle.Unpickler):
+        class Unpickler(pickle._Unpickler):
+            dispatch = {**pickle._Unpickler.dispatch, pickle.BUILD[0]: _refuse_build_on_globals}
+
             def find_class(self, module: str, name: str) -> Any:
                 qualified = f"{module}.{name}"
                 allowed = _allowed_globals().get(qualified)

@@ -21,7 +21,7 @@ from ptq_protein.models.esmfold_convert import load_checked
 from ptq_protein.models.no_init import skip_torch_init
 from ptq_protein.support.errors import InputError
 
-__all__ = ["ESMC_HEAD_WIDTH", "PUBLISHED_ESMC", "is_esmc_state", "esmc_sizes", "load_esmc"]
+__all__ = ["ESMC_HEAD_WIDTH", "PUBLISHED_ESMC", "is_esmc_state", "refuse_partial_esmc", "esmc_sizes", "load_esmc"]
 
 ESMC_HEAD_WIDTH = 64
 #: name -> (d_model, n_heads, n_layers) of the published models (esm/pretrained.py ESMC_300M_202412 / _600M_).
@@ -33,6 +33,27 @@ _BLOCK = re.compile(r"^transformer\.blocks\.(\d+)\.")
 def is_esmc_state(data: Any) -> bool:
     """True for a state dict in ESM C's layout (its first block's fused QKV weight is there)."""
     return isinstance(data, dict) and torch.is_tensor(data.get(_MARK)) and torch.is_tensor(data.get("embed.weight"))
+
+
+def refuse_partial_esmc(data: Any, where: str) -> None:
+    """Refuse, in ESM C's words, a state dict in ESM C's layout (``transformer.blocks.*`` keys) that
+    :func:`is_esmc_state` does not accept, or one nested under a key: it would otherwise be told it is no
+    fair-esm checkpoint."""
+    if not isinstance(data, dict):
+        return
+    nested = next((key for key, value in data.items() if _esmc_layout(value)), None)
+    if nested is not None:
+        raise InputError(f"{where}: an ESM C state dict nested under {nested!r}; ptq-protein reads ESM C files in "
+                         f"the official layout, the state dict itself: save data[{nested!r}] with torch.save")
+    if not _esmc_layout(data):
+        return
+    lacking = [key for key in ("embed.weight", _MARK) if not torch.is_tensor(data.get(key))]
+    raise InputError(f"{where}: an ESM C state dict (transformer.blocks.* keys) without the tensor(s) {lacking}; the "
+                     "file is incomplete or damaged: re-download it")
+
+
+def _esmc_layout(data: Any) -> bool:
+    return isinstance(data, dict) and any(isinstance(k, str) and k.startswith("transformer.blocks.") for k in data)
 
 
 def esmc_sizes(state: Dict[str, torch.Tensor], where: str) -> Tuple[int, int, int]:
@@ -52,5 +73,6 @@ def load_esmc(state: Dict[str, torch.Tensor], where: str) -> ESMC:
     d_model, n_heads, n_layers = esmc_sizes(state, where)
     with skip_torch_init():  # uninitialised CPU tensors, never touched: replaced below
         model = ESMC(d_model, n_heads, n_layers)
-    load_checked(model, state, where=where, assign=True)
+    load_checked(model, state, where=where, assign=True,
+                 fix="the file is damaged or not an ESM C checkpoint: re-download it")
     return model.eval()

@@ -160,8 +160,10 @@ def file_cfg(rest: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
 
 
 def load_checked(model: torch.nn.Module, state_dict: Dict[str, torch.Tensor], *, where: str,
-                 assign: bool = False) -> None:
-    """``load_state_dict`` that names missing, unexpected and mis-shaped keys in one :class:`InputError`.
+                 assign: bool = False, fix: str = "with this config: pass the matching config= or the right "
+                                                   "checkpoint") -> None:
+    """``load_state_dict`` that names missing, unexpected, mis-shaped and integer-typed float keys in one
+    :class:`InputError` (torch's own text for an int64 weight says the shapes match).
 
     ``assign=True`` makes the given tensors the parameters (no copy): the model's
     own storage (empty, or on the meta device) is dropped, so the weights exist once.
@@ -171,11 +173,14 @@ def load_checked(model: torch.nn.Module, state_dict: Dict[str, torch.Tensor], *,
     unexpected = sorted(set(state_dict) - set(expected))
     shapes = sorted(f"{k} {tuple(state_dict[k].shape)} vs {tuple(expected[k].shape)}"
                     for k in set(expected) & set(state_dict) if state_dict[k].shape != expected[k].shape)
+    dtypes = sorted(f"{k} {str(state_dict[k].dtype).replace('torch.', '')}" for k in set(expected) & set(state_dict)
+                    if expected[k].is_floating_point() and not state_dict[k].is_floating_point())
     problems = [f"{label} ({len(keys)}): {keys[:_SHOW]}" for label, keys in
-                (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes)) if keys]
+                (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes),
+                 ("integer where a float weight belongs", dtypes)) if keys]
     if problems:
-        raise InputError(f"{where}: weights do not match {type(model).__name__} with this config: "
-                         + "; ".join(problems) + "; pass the matching config= or the right checkpoint")
+        raise InputError(f"{where}: weights do not match {type(model).__name__}: " + "; ".join(problems)
+                         + f" ({fix})")
     model.load_state_dict(state_dict, strict=True, assign=assign)
 
 

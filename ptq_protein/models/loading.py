@@ -41,9 +41,10 @@ from ptq_protein.data.fasta import ESM2_MAX_RESIDUES, ESM_AMINO_ACIDS, validate_
 from ptq_protein.models import resolve
 from ptq_protein.models.checkpoints import file_sha256, load_torch_checkpoint, split_state
 from ptq_protein.models.declared import check_name_fits
-from ptq_protein.models.esmc_load import is_esmc_state, load_esmc
+from ptq_protein.models.esmc_load import is_esmc_state, load_esmc, refuse_partial_esmc
 from ptq_protein.models.esmfold_convert import load_fair_esmfold
 from ptq_protein.models.fair_esm2 import load_fair_esm2
+from ptq_protein.models.finite import check_finite_weights
 from ptq_protein.models.hf_folder import folder_sha256, own_loader_artifact, read_hf_folder
 from ptq_protein.models.mapped import attach_mapping
 from ptq_protein.models.tiny import TINY_MODELS, build_tiny
@@ -273,6 +274,8 @@ def _load_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: 
     loaded = _read_file(name, path, config, allow_pickle, hash_weights, mmap)
     if loaded.family is not ModelFamily.HF_ESMFOLD:
         check_name_fits(name, loaded.model, str(path))  # a published name on a file of other shapes
+    if not mmap:  # a mapped file is read as used (quantize refuses non-finite values at calibration)
+        check_finite_weights(loaded.model, str(path))
     return loaded
 
 
@@ -303,6 +306,7 @@ def _read_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: 
         if mmap:
             attach_mapping(model, data.values())
         return LoadedModel(model, esmc_vocab(), ModelFamily.ESMC, label, str(path), digest, None)
+    refuse_partial_esmc(data, str(path))
     state, _ = split_state(data, path)
     if any(k.startswith("trunk.") for k in state):
         del state

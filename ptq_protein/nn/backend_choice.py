@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from pathlib import Path
 from typing import List, Tuple
 
@@ -25,6 +26,7 @@ __all__ = ["choose_backend", "where_it_runs", "cpu_isa"]
 
 log = logging.getLogger(__name__)
 
+_HOLD_VARS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")  # oneDNN's own knob: its kernels stop at that ISA
 _FLAGS = (("amx_int8", "AMX int8"), ("avx512_vnni", "AVX-512 VNNI"), ("avx_vnni", "AVX-VNNI"), ("avx512f", "AVX-512"),
           ("avx2", "AVX2"))
 
@@ -60,8 +62,11 @@ def choose_backend(config: QuantConfig, device: torch.device) -> Tuple[Backend, 
     mode = cpu_int8.mode()
     if mode is None:
         return Backend.FAKE, f"the float simulation (backend 'fake'): {cpu_int8.reason()}"
-    how = "natively" if mode == "native" else "split against this CPU's int16 saturation (no VNNI)"
-    return Backend.INT8, (f"integer GEMMs (backend 'int8', oneDNN on {cpu_isa()}: exact int32 accumulation, {how}); "
+    held = _onednn_held()
+    isa = f"held to {held} by {_HOLD_VARS[0]} (this CPU: {cpu_isa()})" if held else f"on {cpu_isa()}"
+    how = "natively" if mode == "native" else \
+        f"split against the int16 saturation of {'that ISA' if held else 'this CPU'} (no VNNI)"
+    return Backend.INT8, (f"integer GEMMs (backend 'int8', oneDNN {isa}: exact int32 accumulation, {how}); "
                           "backend='fake' runs the float simulation instead")
 
 
@@ -79,6 +84,11 @@ def where_it_runs(config: QuantConfig) -> List[str]:
             f"CUDA: the recorded backend '{recorded}' (integer GEMMs on a GPU are opt-in, backend='int8': not yet "
             "verified on GPU hardware)",
             "backend='fake' (--backend fake), anywhere: the float simulation of record, bit for bit"]
+
+
+def _onednn_held() -> str:
+    """The instruction set oneDNN is held to (``ONEDNN_MAX_CPU_ISA``, or its old name ``DNNL_MAX_CPU_ISA``), or ""."""
+    return next((os.environ[name].strip() for name in _HOLD_VARS if os.environ.get(name, "").strip()), "")
 
 
 @functools.lru_cache(maxsize=None)

@@ -13,8 +13,13 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-from ptq_protein.recipes.method_config import (GPTQSpec, SmoothQuantSpec, StudyOptions, check_fold_execution,
-                                               check_rotation_block)
+from ptq_protein.recipes.method_config import (
+    GPTQSpec,
+    SmoothQuantSpec,
+    StudyOptions,
+    check_fold_execution,
+    check_rotation_block,
+)
 from ptq_protein.recipes.method_config import from_known_fields as _from_dict
 
 __all__ = ["Scheme", "Granularity", "RangeMethod", "BreakpointMethod", "SiteKind", "Backend", "FP8Format",

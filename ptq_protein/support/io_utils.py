@@ -37,6 +37,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Union
@@ -46,7 +47,7 @@ from ptq_protein.support.errors import BusyError, InputError
 PathLike = Union[str, os.PathLike]
 
 __all__ = ["public_source", "atomic_write_text", "atomic_write_bytes", "atomic_file", "atomic_dir", "check_out_path",
-           "safe_stem", "folder_lock", "file_lock", "LOCK_NAME", "current_umask", "env_flag"]
+           "safe_stem", "folder_lock", "file_lock", "open_lock_file", "LOCK_NAME", "current_umask", "env_flag"]
 
 logger = logging.getLogger(__name__)
 
@@ -266,7 +267,7 @@ def file_lock(path: PathLike, wait: bool = True, purpose: str = "this file") -> 
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = open_lock_file(path)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
@@ -286,6 +287,27 @@ def file_lock(path: PathLike, wait: bool = True, purpose: str = "this file") -> 
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def open_lock_file(path: PathLike) -> int:
+    """Open (create) the lock file ``path`` read-write, never through a link: the holder line truncates it, so
+    a lock name planted as a link (or a hard link) would empty or create the file it names, outside the folder.
+
+    Refuses a symbolic link, a hard-linked file or anything but a regular file with an :class:`InputError`.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as err:
+        if err.errno != errno.ELOOP:
+            raise
+        raise InputError(f"lock file {path} is a link; remove it (a lock file is a plain file ptq-protein creates, "
+                         "and a link would make this run write where it points)") from err
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        what = "a hard link to another file" if stat.S_ISREG(info.st_mode) else "not a plain file"
+        raise InputError(f"lock file {path} is {what}; remove it (ptq-protein creates its own lock files)")
+    return fd
 
 
 @contextlib.contextmanager

@@ -12,6 +12,10 @@ residual stream (tokens x width floats); the float model never exists whole.
    next layer's inputs.
 5. The final LayerNorm and the head run on the last residual stream in the same way.
 
+The sequences of the fidelity check (:func:`quantize_streaming_checked`) run through each float
+layer before it is swapped: their final outputs are the float model's, as ``quantize --check``
+reads them in the default mode.
+
 The stream passed on is the *float* layer's output, as in the default mode's single
 float calibration pass, so every site sees the same tensors in the same order and the
 artifact equals the default mode's bit for bit (tested). ``propagate="quantized"``
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Dict, List, Optional, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -32,6 +36,7 @@ from torch import nn
 from ptq_protein.api import CalibrationArg, CalibrationInfo, QuantState
 from ptq_protein.calibration.calibrate import collect_stats
 from ptq_protein.calibration.sites import discover_sites
+from ptq_protein.eval.bench.fidelity import Reference
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.checkpoints import load_torch_checkpoint
 from ptq_protein.models.fair_esm2 import esm2_skeleton, fair_esm2_state, fill_missing_regression
@@ -48,18 +53,31 @@ from ptq_protein.recipes.config import QuantConfig
 from ptq_protein.recipes.presets import resolve_config
 from ptq_protein.support.errors import InputError
 
-__all__ = ["quantize_streaming"]
+__all__ = ["quantize_streaming", "quantize_streaming_checked"]
 
 log = logging.getLogger(__name__)
 
 
-@torch.no_grad()
 def quantize_streaming(path: Union[str, Path], config: Union[str, QuantConfig, dict] = "w8a8-pwlq",
                        calibration: CalibrationArg = None, *, batch_size: Optional[int] = None, calib_max_length=None,
                        propagate: str = "fp", allow_pickle: bool = False) -> nn.Module:
     """Quantize the fair-esm ESM-2 checkpoint at ``path`` layer by layer (see the module docstring).
 
     Returns the same quantized ``ESM2`` (with ``ptq_state``) as ``quantize(load_model(path).model, ...)``.
+    """
+    return quantize_streaming_checked(path, config, calibration, (), batch_size=batch_size,
+                                      calib_max_length=calib_max_length, propagate=propagate,
+                                      allow_pickle=allow_pickle)[0]
+
+
+@torch.no_grad()
+def quantize_streaming_checked(path: Union[str, Path], config: Union[str, QuantConfig, dict],
+                               calibration: CalibrationArg, check_sequences: Sequence[str], *,
+                               batch_size: Optional[int] = None, calib_max_length=None, propagate: str = "fp",
+                               allow_pickle: bool = False) -> Tuple[nn.Module, List[Reference]]:
+    """:func:`quantize_streaming`, and the float model's outputs on ``check_sequences`` (one at a time, as
+    :func:`~ptq_protein.eval.bench.fidelity.reference_outputs` computes them on the whole model): each float
+    layer runs them before it is swapped, so the fidelity check of the default mode runs here too.
     """
     if propagate not in ("fp", "quantized"):
         raise ValueError(f"propagate={propagate!r}: use 'fp' (equal to the default mode) or 'quantized'")
@@ -89,6 +107,9 @@ def quantize_streaming(path: Union[str, Path], config: Union[str, QuantConfig, d
     name, seqs = calibration_sequences(adapter, calibration, calib_max_length)
     batches = list(adapter.batches(seqs, batch_size))
     streams = [_embed(model, b.inputs["tokens"]) for b in batches]
+    checks = [adapter.make_batch([s]) for s in (adapter.validate(list(check_sequences), where="comparison")
+                                                 if check_sequences else [])]
+    check_streams = [_embed(model, b.inputs["tokens"]) for b in checks]
     run = _Run(model, cfg, plan, batches)
     for i, layer in enumerate(model.layers):
         prefix = f"layers.{i}."
@@ -96,12 +117,14 @@ def quantize_streaming(path: Union[str, Path], config: Union[str, QuantConfig, d
         layer.load_state_dict({k: v.clone() for k, v in own.items()}, strict=True, assign=True)
         mapped.release(own.values())
         step = lambda x, pad, layer=layer: layer(x, self_attn_padding_mask=pad)[0]  # noqa: E731
+        check_streams = [(step(x, pad), pad) for x, pad in check_streams]  # the float layer, before its swap
         streams = run.calibrate_and_swap(prefix, step, streams, propagate)
         trim_heap()  # the float layer just freed (see trim_heap)
-    run.calibrate_and_swap("", lambda x, pad: model.lm_head(model.emb_layer_norm_after(x).transpose(0, 1)),
-                           streams, propagate, rest=True)
+    head = lambda x, pad: model.lm_head(model.emb_layer_norm_after(x).transpose(0, 1))  # noqa: E731
+    references = [Reference(batch, head(x, pad)) for batch, (x, pad) in zip(checks, check_streams)]
+    run.calibrate_and_swap("", head, streams, propagate, rest=True)
     info = CalibrationInfo.for_sequences(name, seqs)
-    return run.finish(info, adapter.family)
+    return run.finish(info, adapter.family), references
 
 
 class _Run:

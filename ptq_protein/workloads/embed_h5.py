@@ -13,14 +13,15 @@ or digests do not match, is :class:`~ptq_protein.workloads.embed_seal.UnusableOu
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from ptq_protein.support.io_utils import atomic_file
+from ptq_protein.support.io_utils import atomic_write_bytes
 from ptq_protein.workloads.embed_seal import (
     RERUN_FIX,
     UnusableOutput,
@@ -29,7 +30,7 @@ from ptq_protein.workloads.embed_seal import (
     result_sha256,
 )
 
-__all__ = ["write_h5", "read_h5", "h5_seal", "require_h5py", "IDENTITY_ATTR"]
+__all__ = ["write_h5", "read_h5", "h5_checked_labels", "require_h5py", "IDENTITY_ATTR"]
 
 IDENTITY_ATTR = "ptq_protein_embed"
 _DIGEST_ATTR = "tensors_sha256"
@@ -48,12 +49,18 @@ def require_h5py():
 
 
 def write_h5(path: Path, results: Sequence[Mapping[str, Any]], stems: Sequence[str], identity: Mapping) -> None:
-    """Write ``results`` (extract.py dicts) to ``path`` through a temp file, then rename: never half a file."""
+    """Write ``results`` (extract.py dicts) to ``path`` through a temp file, then rename: never half a file.
+
+    The file is built in memory and written as plain bytes: a full disk is then one ``OSError`` naming
+    ``path``, where HDF5's own writer printed thousands of lines of errors and crashed the process (SIGSEGV).
+    """
     h5py = require_h5py()
-    with atomic_file(path) as tmp, h5py.File(tmp, "w") as handle:
+    buffer = io.BytesIO()
+    with h5py.File(buffer, "w") as handle:
         handle.attrs[IDENTITY_ATTR] = json.dumps(identity, sort_keys=True)
         for stem, result in zip(stems, results):
             _write_group(handle.create_group(stem), result)
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def _write_group(group, result: Mapping[str, Any]) -> None:
@@ -74,30 +81,31 @@ def read_h5(path: Path, identity: Mapping[str, Any]) -> Dict[str, Dict[str, Any]
     its digest, the file against ``identity`` (``embed_run.json``'s)."""
     with _opened(path) as handle:
         check_identity(path, _identity(path, handle), identity, "embed_run.json")
-        out: Dict[str, Dict[str, Any]] = {}
-        for group in handle.values():
-            result: Dict[str, Any] = {"label": str(group.attrs["label"])}
-            for key in _LAYER_KEYS:
-                if key in group:
-                    result[key] = {int(layer): torch.from_numpy(np.asarray(ds)) for layer, ds in group[key].items()}
-            for key in _TENSOR_KEYS:
-                if key in group:
-                    result[key] = torch.from_numpy(np.asarray(group[key]))
-            check_result(path, result, group.attrs.get(_DIGEST_ATTR))
-            out[result["label"]] = result
-    return out
+        return {result["label"]: result for result in _checked_results(path, handle)}
 
 
-def h5_seal(path: Path) -> Tuple[Dict[str, Any], List[str]]:
-    """(the identity a file records, its labels), from attributes only (no tensor is read)."""
+def h5_checked_labels(path: Path, identity: Mapping[str, Any], against: str = "this run") -> List[str]:
+    """The labels of ``path`` once its identity and every group's tensors are checked against their digest,
+    one group in memory at a time (what a resume counts as written)."""
     with _opened(path) as handle:
-        labels = []
-        for group in handle.values():
-            if _DIGEST_ATTR not in group.attrs:
-                raise UnusableOutput(f"{path} holds {group.name} without a tensor digest (written by an older "
-                                     f"ptq-protein); {RERUN_FIX}")
-            labels.append(str(group.attrs["label"]))
-        return _identity(path, handle), labels
+        check_identity(path, _identity(path, handle), identity, against)
+        return [result["label"] for result in _checked_results(path, handle)]
+
+
+def _checked_results(path: Path, handle) -> Iterator[Dict[str, Any]]:
+    for group in handle.values():
+        if _DIGEST_ATTR not in group.attrs:
+            raise UnusableOutput(f"{path} holds {group.name} without a tensor digest (written by an older "
+                                 f"ptq-protein); {RERUN_FIX}")
+        result: Dict[str, Any] = {"label": str(group.attrs["label"])}
+        for key in _LAYER_KEYS:
+            if key in group:
+                result[key] = {int(layer): torch.from_numpy(np.asarray(ds)) for layer, ds in group[key].items()}
+        for key in _TENSOR_KEYS:
+            if key in group:
+                result[key] = torch.from_numpy(np.asarray(group[key]))
+        check_result(path, result, group.attrs.get(_DIGEST_ATTR))
+        yield result
 
 
 @contextlib.contextmanager

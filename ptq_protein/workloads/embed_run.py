@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 
 
 def fasta_labels(path, duplicates: str = "error", changes: Optional[Dict[str, str]] = None) -> List[Tuple[str, str]]:
-    """(label, sequence) of every record; the label is the whole header, as fair-esm's ``FastaBatchedDataset``.
+    """(label, sequence) of every record; the label is the whole header, as fair-esm's ``FastaBatchedDataset``
+    (stripped at both ends; a tab or two spaces inside are kept).
 
     Letters outside the ESM alphabet, duplicate ids (both named; ``duplicates="rename"``
     names the k-th repeat ``<id>#k`` instead) and an empty file are refused in one
@@ -45,7 +46,7 @@ def fasta_labels(path, duplicates: str = "error", changes: Optional[Dict[str, st
     records = read_fasta_records(Path(path), alphabet=ESM_AMINO_ACIDS, duplicates=duplicates, changes=found)
     if not records:
         raise ValueError(f"{path} holds no FASTA records; give a file with '>id' headers and sequences")
-    labels = [(f"{r.id} {r.description}".strip(), r.sequence) for r in records]
+    labels = [(r.header or r.id, r.sequence) for r in records]
     if changes is not None:
         changes.update({label: found[r.id] for (label, _), r in zip(labels, records) if r.id in found})
     return labels

@@ -47,12 +47,13 @@ class UnusableOutput(InputError):
 
 def label_stem(label: str) -> str:
     """The file stem of a label: the label itself where it is a plain file name (as ``extract.py``), else
-    :func:`~ptq_protein.support.io_utils.safe_stem` (a ``/`` would make a folder, a leading ``.`` a hidden file).
+    :func:`~ptq_protein.support.io_utils.safe_stem` (a ``/`` would make a folder, a leading ``.`` a hidden file,
+    a control character such as ESC, BEL or a tab would reach terminals raw through ``ls``).
 
     Distinct labels get distinct stems: a kept label holds no ``~``, and every stem ``safe_stem`` makes
     for a label it changes ends in ``~`` and a digest of the label.
     """
-    plain = label and not any(c in label for c in "/\0~") and not label.startswith(".")
+    plain = label and label.isprintable() and not any(c in label for c in "/~") and not label.startswith(".")
     return label if plain and len(label.encode()) <= 200 else safe_stem(label)
 
 
@@ -121,10 +122,11 @@ def check_name(path: Path, label: str) -> None:
                              f"was renamed or copied); {RERUN_FIX}, or move the file away")
 
 
-def load_pt(path: Path, identity: Mapping[str, Any]) -> Dict[str, Any]:
-    """The result in ``path``, checked: sealed by ``identity``, under its label's name, tensors intact."""
+def load_pt(path: Path, identity: Mapping[str, Any], against: str = "embed_run.json") -> Dict[str, Any]:
+    """The result in ``path``, checked: sealed by ``identity`` (``against``: whose, for messages), under its
+    label's name, tensors intact."""
     seal = pt_seal(path)
-    check_identity(path, seal["identity"], identity, "embed_run.json")
+    check_identity(path, seal["identity"], identity, against)
     check_name(path, seal["label"])
     try:
         result = torch.load(path, map_location="cpu", weights_only=True)

@@ -22,23 +22,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set
 
 from ptq_protein.support.digests import records_digest
 from ptq_protein.support.errors import InputError
-from ptq_protein.support.io_utils import atomic_write_bytes, file_lock
+from ptq_protein.support.io_utils import atomic_write_bytes, file_lock, open_lock_file
 from ptq_protein.workloads import embed_h5
 from ptq_protein.workloads.embed_options import FORMATS
 from ptq_protein.workloads.embed_seal import (
     UnusableOutput,
-    check_identity,
-    check_name,
     label_stem,
     load_pt,
     pt_bytes,
-    pt_seal,
 )
 from ptq_protein.workloads.run_manifest import RunManifest, plain_json
 from ptq_protein.workloads.shards import Shard
@@ -81,7 +79,7 @@ class EmbedFolder:
             raise InputError(f"--out {out} is a file; give a folder (new, or one an earlier embed run wrote)")
         try:
             out.mkdir(parents=True, exist_ok=True)
-            (out / _LOCK).touch(exist_ok=True)
+            os.close(open_lock_file(out / _LOCK))  # can we write here? (never through a planted link)
         except OSError as err:
             raise InputError(f"--out {out} cannot be written ({err.strerror}); choose a folder you can write") from err
         if not self.manifest.check(self.identity, model_hint):
@@ -91,6 +89,8 @@ class EmbedFolder:
                                  "or empty folder")
         self._held.enter_context(file_lock(out / f".embed-{self.shard.tag}.lock", wait=False,
                                            purpose=f"shard {self.shard.tag} of {out}"))
+        if self.fmt == "h5":
+            self._parts_dir(create=False)
 
     def release(self) -> None:
         """Let another process run this shard (the lock taken by :meth:`check`)."""
@@ -104,7 +104,7 @@ class EmbedFolder:
         return self.written_labels()
 
     def written_labels(self) -> Set[str]:
-        """Labels of the files sealed by this run (seals only: no tensor is read); the others are noted."""
+        """Labels of the files sealed by this run, their tensors checked against the seal; the others are noted."""
         written: Set[str] = set()
         self.unusable = {}
         for path in self._files():
@@ -135,9 +135,17 @@ class EmbedFolder:
 
     def finish(self) -> Optional[Path]:
         """h5: merge this shard's sealed part files (and its earlier shard file) into ``embeddings.K-of-N.h5``
-        (whole, then the parts go); a damaged or foreign shard file is replaced."""
-        if self.fmt != "h5":
-            return None
+        (whole, then the parts go); a damaged or foreign shard file is replaced. Then name any file, not this
+        run's, that this run did not replace: :func:`read_embeddings` refuses the folder until it is moved."""
+        merged = self._merge() if self.fmt == "h5" else None
+        left = [path for path in self.unusable if path.exists() and not self._usable(path)]
+        if left:
+            more = f" (and {len(left) - 1} more)" if len(left) > 1 else ""
+            log.warning("%s%s is damaged or another run's and was not replaced: read_embeddings refuses %s until "
+                        "it is moved away", left[0], more, self.out_dir)
+        return merged
+
+    def _merge(self) -> Optional[Path]:
         parts_dir = self._parts_dir()
         parts = sorted(parts_dir.glob("*.h5"))
         final = self.out_dir / f"embeddings.{self.shard.tag}.h5"
@@ -162,18 +170,28 @@ class EmbedFolder:
         return sorted(self.out_dir.glob("*.pt")) if self.fmt == "pt" else _h5_files(self.out_dir)
 
     def _sealed_labels(self, path: Path) -> List[str]:
+        """The labels of ``path`` once its seal and its tensors' digests are checked, as :func:`read_embeddings`
+        checks them: a file edited inside its seal is embedded again, not counted as written."""
         if self.fmt == "pt":
-            seal = pt_seal(path)
-            check_identity(path, seal["identity"], self.identity, "this run")
-            check_name(path, seal["label"])
-            return [seal["label"]]
-        identity, labels = embed_h5.h5_seal(path)
-        check_identity(path, identity, self.identity, "this run")
-        return labels
+            return [load_pt(path, self.identity, "this run")["label"]]
+        return embed_h5.h5_checked_labels(path, self.identity)
 
-    def _parts_dir(self) -> Path:
+    def _usable(self, path: Path) -> bool:
+        try:
+            self._sealed_labels(path)
+        except UnusableOutput:
+            return False
+        return True
+
+    def _parts_dir(self, create: bool = True) -> Path:
+        """This shard's part folder: a real folder inside ``--out``, never a link to one elsewhere."""
         path = self.out_dir / f"parts-{self.shard.tag}"
-        path.mkdir(exist_ok=True)
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            self.release()
+            raise InputError(f"{path} is {'a link' if path.is_symlink() else 'not a folder'}; remove it (ptq-protein "
+                             "writes this shard's part files into a folder of that name it creates itself)")
+        if create:
+            path.mkdir(exist_ok=True)
         return path
 
 

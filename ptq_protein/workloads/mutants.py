@@ -17,7 +17,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from ptq_protein.data.fasta import ESM_AMINO_ACIDS, STANDARD_AMINO_ACIDS
 from ptq_protein.support.errors import InputError
 
-__all__ = ["Substitution", "Mutant", "parse_mutant", "parse_mutants", "single_mutants", "mutate",
+__all__ = ["Substitution", "Mutant", "parse_mutant", "parse_mutants", "offsets_also_matching", "single_mutants",
+           "mutate",
            "AMINO_ACIDS", "DEFAULT_OFFSET"]
 
 #: The substitutions scored for "every single mutant" (and the heatmap's columns), in this order.
@@ -65,6 +66,14 @@ def parse_mutants(texts: Sequence[str], sequence: str, offset_idx: int = DEFAULT
         except InputError as err:
             raise InputError(f"{where(i) if where else ''}{err}") from err
     return out
+
+
+def offsets_also_matching(mutants: Sequence[Mutant], sequence: str, offset_idx: int, reach: int = 3) -> List[int]:
+    """Other ``--offset-idx`` values (within ``reach``) under which every substitution's wild type matches too:
+    the wild-type check cannot tell them from ``offset_idx`` (mutants only inside runs such as ``KKKK``)."""
+    subs = [sub for mutant in mutants for sub in mutant]
+    return [offset_idx + shift for shift in range(-reach, reach + 1) if shift and subs and all(
+        0 <= sub.index - shift < len(sequence) and sequence[sub.index - shift] == sub.wt for sub in subs)]
 
 
 def single_mutants(sequence: str, offset_idx: int = DEFAULT_OFFSET) -> List[str]:

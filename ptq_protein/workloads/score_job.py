@@ -21,7 +21,14 @@ from ptq_protein.data.fasta import ESM2_MAX_RESIDUES, validate_sequence
 from ptq_protein.support.errors import InputError
 from ptq_protein.support.io_utils import atomic_write_text, check_out_path
 from ptq_protein.workloads.dms_csv import read_dms, scores_csv
-from ptq_protein.workloads.mutants import AMINO_ACIDS, DEFAULT_OFFSET, Mutant, parse_mutants, single_mutants
+from ptq_protein.workloads.mutants import (
+    AMINO_ACIDS,
+    DEFAULT_OFFSET,
+    Mutant,
+    offsets_also_matching,
+    parse_mutants,
+    single_mutants,
+)
 from ptq_protein.workloads.variant_heatmap import can_plot, plot_variant_heatmap
 from ptq_protein.workloads.variant_scores import (
     DEFAULT_TOKS_PER_BATCH,
@@ -67,7 +74,9 @@ def plan_scores(sequence: str, strategy: Union[str, Strategy], out: Union[str, P
                 force: bool = False) -> ScoreJob:
     """A checked :class:`ScoreJob`; ``InputError`` / ``FileExistsError`` name the problem (nothing is written)."""
     strategy = Strategy.parse(strategy)
-    sequence = validate_sequence(sequence, max_length=ESM2_MAX_RESIDUES, where="--sequence")
+    sequence = validate_sequence(sequence, max_length=ESM2_MAX_RESIDUES, where="--sequence",
+                                 limit_reason=f"score takes wild types of at most {ESM2_MAX_RESIDUES} residues, "
+                                              "ESM-2's limit, whatever the model")
     if isinstance(toks_per_batch, bool) or not isinstance(toks_per_batch, int) or toks_per_batch < 1:
         raise InputError(f"--toks-per-batch {toks_per_batch!r} must be a positive number of tokens")
     if not column.strip():
@@ -79,6 +88,11 @@ def plan_scores(sequence: str, strategy: Union[str, Strategy], out: Union[str, P
         if column in table.header:
             raise InputError(f"{dms} already has a column {column!r}; name the score column with --score-col")
         mutants = parse_mutants(table.mutants, sequence, offset_idx, where=lambda i: f"{dms} line {i + 2}: ")
+        also = offsets_also_matching(mutants, sequence, offset_idx)
+        if also:  # the wild-type check passes under these too: a wrong offset would go unnoticed
+            logger.warning("%s: every mutant's wild type also matches with --offset-idx %s (its mutants sit in runs "
+                           "of one residue), so the wild-type check cannot confirm --offset-idx %d: make sure it is "
+                           "the number of the sequence's first residue", dms, " or ".join(map(str, also)), offset_idx)
         return ScoreJob(sequence, strategy, out, column, table.header, table.rows, tuple(mutants), offset_idx,
                         toks_per_batch)
     figure = can_plot()

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+import struct
 import threading
 
 import pytest
@@ -16,6 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import ptq_protein as pp
+from ptq_protein.cli.main import main
 from ptq_protein.support.errors import ArtifactError
 
 SEQS = ["MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQ", "MENDELKKLLAAGHRW", "GSHMLEDPVAGVSKEELLKLAEEAR"]
@@ -197,3 +199,20 @@ def test_force_refuses_a_user_folder_dressed_as_an_artifact(esm2, artifact, tmp_
     with pytest.raises(FileExistsError):
         pp.save(q, linked, force=True)
     assert (fake / "thesis.tex").exists() and (linked / "thesis.tex").exists()
+
+
+@pytest.mark.parametrize("size", [2**40, 2**64 - 1])
+def test_a_header_length_past_the_file_is_one_line_naming_it(artifact, tmp_path, size, capsys):
+    """``_header`` read the declared length before bounding it: MemoryError or OverflowError, no file name."""
+    work = tmp_path / "art"
+    shutil.copytree(artifact, work)
+    file = work / "model.safetensors"
+    file.write_bytes(struct.pack("<Q", size) + file.read_bytes()[8:])
+    recipe = json.loads((work / "recipe.json").read_text())
+    recipe["files"]["model.safetensors"] = {"sha256": _sha(file), "bytes": file.stat().st_size}
+    (work / "recipe.json").write_text(json.dumps(recipe, indent=2, sort_keys=True))
+    fasta = tmp_path / "x.fasta"
+    fasta.write_text(">a\nMKTAYIAK\n")
+    assert main(["embed", str(work), str(fasta), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{file} declares a safetensors header of {size} bytes" in err

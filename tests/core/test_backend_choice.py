@@ -56,3 +56,23 @@ def test_every_saveable_preset_loads_with_default_options(request, seqs, tmp_pat
         assert torch.equal(model(tokens)["logits"], fake(tokens)["logits"])
     else:
         assert torch.isfinite(model(tokens)["logits"]).all()
+
+
+@pytest.mark.skipif(not cpu_int8.available(), reason=cpu_int8.reason())
+def test_the_log_says_what_onednn_was_held_to(esm2, tmp_path):
+    """Under ONEDNN_MAX_CPU_ISA=AVX2 the line said "oneDNN on AVX-512 VNNI ... (no VNNI)", two claims at odds."""
+    import os
+    import subprocess
+    import sys
+
+    art = tmp_path / "art"
+    pp.save(pp.quantize(esm2, "w8a8-uniform", calibration=["MKTAYIAKQRQISFVKSHFSRQ", "GSHMLEDPVAGK"]), art)
+    fasta = tmp_path / "x.fasta"
+    fasta.write_text(">a\nMKTAYIAK\n")
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    run = subprocess.run([sys.executable, "-m", "ptq_protein.cli.main", "embed", str(art), str(fasta), "--out",
+                          str(tmp_path / "o")], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    (line,) = [x for x in run.stderr.splitlines() if "integer GEMMs (backend 'int8'" in x]
+    assert f"oneDNN held to AVX2 by ONEDNN_MAX_CPU_ISA (this CPU: {backend_choice.cpu_isa()})" in line
+    assert "oneDNN on" not in line

@@ -121,7 +121,7 @@ def test_fold_takes_sequences_over_1022_residues_with_a_note(tmp_path, capsys, m
 
     def fake_fold(model, records, out_dir, *args, **kwargs):
         seen.update(records)
-        return {}
+        return {"long": folding.Folded(50.0, out_dir / "long.pdb", None, None)}
 
     monkeypatch.setattr(folding, "fold_to_pdbs", fake_fold)
     fasta = tmp_path / "long.fa"
@@ -130,7 +130,7 @@ def test_fold_takes_sequences_over_1022_residues_with_a_note(tmp_path, capsys, m
                               "--pair-bits", "8"])
     assert code == 0, err
     assert len(seen["long"]) == 1100
-    assert "trained on at most 1022" in caplog.text
+    assert "long: 1100 residues; ESMFold's language model was trained on at most 1022" in err  # said once folded
 
 
 def test_a_failed_atomic_write_names_the_destination_not_its_temp_file():

@@ -132,3 +132,26 @@ def test_changes_say_what_reading_changed_per_sequence():
     assert records == [("a", "MKT"), ("b", "ACD"), ("a#2", "AC")]
     assert changes == {"a": "2 lower-case letters read as upper case; the terminal '*' (stop) dropped",
                        "a#2": "2 lower-case letters read as upper case"}
+
+
+@pytest.mark.parametrize("brk", ["\x85", "\u2028", "\u2029", "\x0c", "\x1c", "\x1e"])
+def test_a_header_keeps_every_character_but_a_line_end(brk):
+    """``str.splitlines`` broke here: the header's tail became residues (BETACHAINMKTAYIAK)."""
+    (record,) = read_fasta_records(f">P1 desc{brk}beta chain\nMKTAYIAK\n")
+    assert record.sequence == "MKTAYIAK" and record.header == f"P1 desc{brk}beta chain"
+
+
+def test_lines_end_at_universal_newlines_only_as_fair_esm_reads_them(tmp_path):
+    esm = pytest.importorskip("esm")
+    path = tmp_path / "x.fasta"
+    path.write_bytes(">a\tx  y\r\nMK\rTA\n>b c\x85d\nGG\n".encode())
+    ref = esm.FastaBatchedDataset.from_file(str(path))
+    records = read_fasta_records(path)
+    assert [r.header for r in records] == ref.sequence_labels == ["a\tx  y", "b c\x85d"]
+    assert [r.sequence for r in records] == ref.sequence_strs == ["MKTA", "GG"]
+
+
+@pytest.mark.parametrize("line", ["MK\x85TA", "MK\u2028TA", "MK\xa0TA", "MKßA"])
+def test_a_sequence_line_with_a_non_ascii_character_is_refused(line):
+    with pytest.raises(InputError, match="invalid letter"):
+        read_fasta(f">a\n{line}\n")

@@ -131,3 +131,19 @@ def test_an_unwritable_out_folder_is_refused(tmp_path, dms, capsys, monkeypatch)
     monkeypatch.setattr(ptq_protein.support.io_utils.os, "access", lambda *a, **k: False)
     assert score("tiny-esm2", "--sequence", SEQ, "--dms", dms, "--out", locked / "o.csv") == 2
     assert "does not take new files" in capsys.readouterr().err and not list(locked.iterdir())
+
+
+def test_a_homopolymer_dms_says_the_offset_is_unconfirmed(tmp_path, caplog):
+    """Every mutant inside a run: a wrong --offset-idx passed the wild-type check without a word."""
+    path = tmp_path / "runs.csv"
+    path.write_text("mutant,DMS_score\nK4A,0.1\nA8G,0.2\n")
+    seq = "MKKKKKAAAAAW"
+    with caplog.at_level("WARNING"):
+        assert score("tiny-esm2", "--sequence", seq, "--dms", path, "--out", tmp_path / "o.csv") == 0
+    assert "also matches with --offset-idx -1 or 0 or 2" in caplog.text
+    assert "cannot confirm --offset-idx 1" in caplog.text
+    caplog.clear()
+    path.write_text("mutant,DMS_score\nK2A,0.1\nW12G,0.2\n")
+    with caplog.at_level("WARNING"):
+        assert score("tiny-esm2", "--sequence", seq, "--dms", path, "--out", tmp_path / "p.csv") == 0
+    assert "cannot confirm" not in caplog.text

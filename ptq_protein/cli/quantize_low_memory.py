@@ -1,0 +1,64 @@
+"""``quantize --low-memory`` (or chosen when only it fits): whether this run streams, and the streamed run
+with the same fidelity check as the default mode (the float outputs of the check's sequences streamed too)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Optional
+
+from ptq_protein.cli.common import CPU_CALIB_MAX_LENGTH, calib_crop
+
+__all__ = ["memory_mode", "quantize_low_memory"]
+
+
+def quantize_low_memory(args: argparse.Namespace, recipe: str):
+    """(the quantized model, (the check's sequences, their float outputs) or None with ``--check 0``)."""
+    from ptq_protein.models.loading import locate_weights
+    from ptq_protein.workflows.recipe_compare import choose_fidelity_sequences
+    from ptq_protein.workflows.streaming import quantize_streaming_checked
+
+    path = locate_weights(args.model, args.weights)  # stream_refusal checked it is a fair-esm file on the CPU
+    crop = calib_crop(args, "cpu")
+    chosen = choose_fidelity_sequences(args.calib, args.check, crop) if args.check > 0 else None
+    qmodel, refs = quantize_streaming_checked(path, recipe, args.calib, chosen.sequences if chosen else (),
+                                              batch_size=args.batch_size, calib_max_length=crop)
+    return qmodel, (None if chosen is None else (chosen, refs))
+
+
+def memory_mode(args: argparse.Namespace, budget) -> bool:
+    """True to stream layer by layer (``--low-memory``, or needed to fit).
+
+    Refuses, before loading, a run that cannot fit.
+    """
+    from ptq_protein.api import resolve_calibration
+    from ptq_protein.models.adapters import ModelAdapter
+    from ptq_protein.models.loading import locate_weights
+    from ptq_protein.workflows.memory_budget import choose_low_memory
+
+    path = locate_weights(args.model, args.weights)
+    refusal = stream_refusal(args, budget, path)
+    if args.low_memory and refusal is not None:
+        raise ValueError(f"--low-memory does not apply here: {refusal}; drop --low-memory")
+    crop = args.calib_max_length if args.calib_max_length is not None else CPU_CALIB_MAX_LENGTH
+    longest = max((len(s) for s in resolve_calibration(args.calib)[1]), default=0)
+    # Without --batch-size, the base default (the language models') bounds every family's.
+    tokens = (args.batch_size or ModelAdapter.calibration_batch) * ((min(longest, crop) if crop else longest) + 2)
+    return choose_low_memory(path, asked=args.low_memory, calibration_tokens=tokens, stream_refusal=refusal)
+
+
+def stream_refusal(args: argparse.Namespace, budget, path: Optional[Path]) -> Optional[str]:
+    """Why this run cannot stream layer by layer (None: it can); ``path`` is the weights located for it."""
+    from ptq_protein.cli.common import resolve_device
+
+    if budget is not None:
+        return "--auto searches recipes on the float model whole"
+    if (path is None or not path.is_file() or resolve_device(args.device) != "cpu"
+            or (args.dtype or "float32") != "float32"):
+        return ("streaming reads fair-esm ESM-2 .pt files on the CPU in float32 (not tiny models, Hugging Face "
+                "folders, other devices or dtypes)")
+    if args.backend != "fake":
+        return "streaming writes backend 'fake' artifacts (drop --backend)"
+    if args.compare is not None and args.compare.strip().lower() != "none":
+        return "--compare needs the float model whole"
+    return None
