@@ -44,14 +44,17 @@ _REGRESSION = ("contact_head.regression.weight", "contact_head.regression.bias")
 ESMC_SIZES = ("esmc_300m", "esmc_600m")
 
 
-def esmfold_trunk_config():
-    """ESMFold v1 trunk (transformers' defaults) on the ESM-2 8M stem (6 layers, 320 wide, 20 heads)."""
+def esmfold_trunk_config(blocks: int = 48, stem: str = "esm2_8M"):
+    """ESMFold v1 trunk (transformers' defaults, ``blocks`` folding blocks) on an ESM-2 stem of ``SIZES[stem]``'s shape
+    (default the 8M stem: 6 layers, 320 wide, 20 heads)."""
     from transformers import EsmConfig
 
     from ptq_protein.models.esmfold_convert import esmfold_v1_config
 
+    _, layers, dim, heads = SIZES[stem]
     base = esmfold_v1_config().to_dict()
-    base.update(num_hidden_layers=6, hidden_size=320, num_attention_heads=20, intermediate_size=1280)
+    base.update(num_hidden_layers=layers, hidden_size=dim, num_attention_heads=heads, intermediate_size=4 * dim)
+    base["esmfold_config"]["trunk"]["num_blocks"] = blocks
     return EsmConfig(**base)
 
 
@@ -147,18 +150,43 @@ def _inv_freq(head_dim: int) -> torch.Tensor:
 
 
 def write_esmfold_trunk(out: Path, seed: int = 0) -> Path:
+    return write_esmfold(out, seed=seed)
+
+
+def write_esmfold(out: Path, blocks: int = 48, stem: str = "esm2_8M", seed: int = 0, outliers: bool = False,
+                  hf: bool = False) -> Path:
+    """A random ESMFold (v1 trunk widths, ``blocks`` blocks, ``stem``'s ESM-2) as fair-esm's file; ``hf``: also as a
+    transformers folder beside it (``NAME-hf/``, the same weights). ``outliers``: the stem's planted outlier
+    channels (``ptq_protein.models.outliers``, the tiny models' demo strengths)."""
     from transformers import EsmForProteinFolding
 
     from ptq_protein.models.esmfold_convert import _skip_init, hf_esmfold_to_fair
 
     with _skip_init():
-        model = EsmForProteinFolding(esmfold_trunk_config())
+        model = EsmForProteinFolding(esmfold_trunk_config(blocks, stem))
     state = _randomize(model.state_dict(), torch.Generator().manual_seed(seed))
-    del model
-    fair = dict(hf_esmfold_to_fair(state).state_dict)
-    path = out / TRUNK_FILE
-    torch.save({"model": fair, "cfg": {"model": types.SimpleNamespace(trunk={"num_blocks": 48})}}, path)
+    model.load_state_dict(state)
+    if outliers:
+        _plant_stem_outliers(model, seed)
+    fair = dict(hf_esmfold_to_fair(model.state_dict()).state_dict)
+    name = TRUNK_FILE if (blocks, stem, outliers) == (48, "esm2_8M", False) else \
+        f"esmfold_{blocks}b_{stem.split('_')[1]}_stem{'_outliers' if outliers else ''}.pt"
+    path = out / name
+    torch.save({"model": fair, "cfg": {"model": types.SimpleNamespace(trunk={"num_blocks": blocks})}}, path)
+    if hf:
+        model.save_pretrained(out / (path.stem + "-hf"))
     return path
+
+
+def _plant_stem_outliers(model, seed: int) -> None:
+    from ptq_protein.models.outliers import plant_outlier_channels_
+    from ptq_protein.models.tiny import DEMO_OUTLIERS
+
+    esm = model.esm
+    fc2 = [layer.output.dense for layer in esm.encoder.layer]
+    with torch.no_grad():
+        plant_outlier_channels_(esm.embeddings.word_embeddings, fc2, DEMO_OUTLIERS, seed=seed,
+                                tail_tokens=(int(model.esm_dict_cls_idx), int(model.esm_dict_eos_idx)))
 
 
 def write_esmc(kind: str, out: Path, seed: int = 0) -> Path:

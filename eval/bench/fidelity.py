@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ptq_protein.models.adapters import Batch, ModelAdapter, get_adapter
+from ptq_protein.support.progress import progress as progress_of
 
 __all__ = ["relative_error", "compare_models", "main_output", "fidelity_sequences", "Reference", "reference_outputs",
            "compare_to_reference"]
@@ -69,8 +70,9 @@ class Reference:
 
 
 @torch.no_grad()
-def reference_outputs(fp_model: nn.Module, sequences: Sequence[str], adapter: ModelAdapter = None) -> List[Reference]:
-    """FP outputs on ``sequences``, one at a time (so no padding is involved)."""
+def reference_outputs(fp_model: nn.Module, sequences: Sequence[str], adapter: ModelAdapter = None,
+                      progress: bool = False) -> List[Reference]:
+    """FP outputs on ``sequences``, one at a time (so no padding is involved); ``progress``: a line per step."""
     adapter = adapter or get_adapter(fp_model)
     if isinstance(sequences, str) or not sequences:
         raise TypeError("the fidelity check (compare_models, reference_outputs) takes a non-empty list of "
@@ -78,7 +80,7 @@ def reference_outputs(fp_model: nn.Module, sequences: Sequence[str], adapter: Mo
                         f"{'one string' if isinstance(sequences, str) else 'an empty list'}: pass [sequence]")
     sequences = adapter.validate(list(sequences), where="comparison")
     refs = []
-    for seq in sequences:
+    for seq in progress_of(sequences, "fidelity check: FP references", "sequences", show=progress):
         batch = adapter.make_batch([seq])
         out = adapter.forward(fp_model, batch)
         plddt = out["plddt"] if _is_structure(out) else None
@@ -88,13 +90,13 @@ def reference_outputs(fp_model: nn.Module, sequences: Sequence[str], adapter: Mo
 
 @torch.no_grad()
 def compare_to_reference(q_model: nn.Module, references: Sequence[Reference],
-                         adapter: ModelAdapter = None) -> Dict[str, float]:
+                         adapter: ModelAdapter = None, progress: bool = False) -> Dict[str, float]:
     """Mean fidelity metrics of ``q_model`` against FP outputs from :func:`reference_outputs`."""
     from ptq_protein.eval.tmscore import tm_score
 
     adapter = adapter or get_adapter(q_model)
     rel, agree, ca_rmsd, tm, dplddt = [], [], [], [], []
-    for ref in references:
+    for ref in progress_of(references, "fidelity check: quantized model", "sequences", show=progress):
         out_q = adapter.forward(q_model, ref.batch)
         oth = main_output(out_q)
         if ref.plddt is not None:

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Union
 # W8 + PWLQ A8 (9 bits per activation value), and at what storage. The uniform baseline shares the
 # main recipe's calibration pass; the study recipe collects its own statistics (batch 1, whole
 # tensors, BOS/EOS included), which is most of the command's time on CPU (see README Quickstart).
-DEMO_COMPARE = ("w8a8-uniform", "study-w8a8-pwlq")
+DEMO_COMPARE = ("w8a8-pwlq", "w8a8-uniform", "study-w8a8-pwlq")
 
 DEFAULT_CHECK_SEQUENCES = 3
 

@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         qmodel = pp.quantize(loaded.model, target, calibration=args.calib, statistics=passes[recipe],
                              backend=args.backend, batch_size=args.batch_size, progress=show_progress(args),
                              num_recycles=args.num_recycles, calib_max_length=crop, inplace=not compare)
-    comparison = _fidelity(qmodel, check) if check is not None else None  # before saving: the verdict is sealed
+    comparison = _fidelity(qmodel, check, show_progress(args)) if check is not None else None  # sealed
     summary = _summary(qmodel, out, recipe, _save(qmodel, out, args, loaded, comparison))
     if alpha_search:
         summary["smoothquant_alpha"] = alpha_search
@@ -284,16 +284,16 @@ def _fidelity_references(args: argparse.Namespace, loaded, crop):
         return None
     chosen = choose_fidelity_sequences(args.calib, args.check, crop)
     with release_after_forward(loaded.model, mapped_file_of(loaded.model)):
-        refs = reference_outputs(loaded.model, loaded.validate(list(chosen.sequences)))
+        refs = reference_outputs(loaded.model, loaded.validate(list(chosen.sequences)), progress=show_progress(args))
     return chosen, refs
 
 
-def _fidelity(qmodel, check) -> dict:
+def _fidelity(qmodel, check, progress: bool = False) -> dict:
     """The main recipe's row of the fidelity table."""
     from ptq_protein.workflows.recipe_compare import recipe_row
 
     chosen, refs = check
-    row = recipe_row(qmodel.ptq_state.config, qmodel, refs)
+    row = recipe_row(qmodel.ptq_state.config, qmodel, refs, progress)
     return {"sequences": chosen.to_dict(), "rows": [row.to_dict()], "references": refs, "main_metrics": row.metrics}
 
 
@@ -327,7 +327,7 @@ def _summary(qmodel, out: Path, recipe: str, model_name: str) -> dict:
     return {"artifact": str(out), "model": model_name, "recipe": recipe, "config": state.config.describe(),
             "sites_quantized": len(state.quantized), "by_kind": kinds, "fp_sites": len(state.fp_sites),
             "calibration": None if state.calibration is None else state.calibration.to_dict(),
-            "artifact_bytes": size, "family": state.family}
+            "artifact_bytes": size, "family": state.family, "trunk_dtype": state.config.trunk_dtype}
 
 
 _FUSED_LM_FAMILIES = ("fair-esm", "hf-esm")  # ESM-2 language models: the fused integer layer runs them
@@ -340,6 +340,9 @@ def _print_summary(summary: dict, demo: bool) -> None:
     calib = summary["calibration"]
     if calib:
         print(f"calibration: {calib['name']} ({calib['num_sequences']} sequences, sha256 {calib['sha256'][:12]})")
+    if summary.get("trunk_dtype"):
+        print(f"folding trunk: {summary['trunk_dtype']} (its Linear weights stored so; its products run so where "
+              "the CPU or GPU has it natively, else float32)")
     print(f"artifact: {summary['artifact']} ({summary['artifact_bytes'] / 1e6:.2f} MB)")
     if summary.get("family") in _FUSED_LM_FAMILIES and summary["recipe"] in _SLOW_ON_CPU:
         print(f"speed: on CPU, {summary['recipe']} runs about as fast as the FP model (its outlier pieces take a "

@@ -88,10 +88,14 @@ ROTATION_BLOCK = 128
 PRESETS["w8a8-rotate"] = PRESETS["w8a8-dynamic"].replace(rotate_ffn=ROTATION_BLOCK, name="w8a8-rotate")
 PRESETS["w8a8-rotate-gptq"] = PRESETS["w8a8-rotate"].replace(gptq=GPTQSpec(damp=0.01, act_order=True, block_size=128,
                                                                            group_size=-1), name="w8a8-rotate-gptq")
-# ESMFold's default at 8 bits: the study's pair of quantizers (W8, PWLQ A8) on the ESM-2 stem, where they were
-# shown to hold, and the folding trunk in bfloat16. With static 8-bit activations in the trunk as well, a random
-# ESMFold at the v1 trunk's widths folded at TM 0.57-0.79 to its own FP fold, where casting its stem to bfloat16
-# kept 0.97-0.99; the trunk dominates a fold's time, and bfloat16 products halve it (BENCHMARKS.md, "ESMFold").
+# ESMFold. On random ESMFolds at the v1 trunk's widths (8 blocks, 10 cameo139 targets), every 8-bit stem tried moved
+# the fold: TM to the FP fold 0.72-0.95 for W8 + PWLQ A8, 0.68-0.90 for W8A8 per-token, 0.79-0.94 for W8 alone, as
+# much as multiplying the stem's weights by 1 + 1% Gaussian noise; the trunk in bfloat16 kept 0.976-0.992 (casting the
+# stem to bfloat16, the perturbation control, 0.959-0.990) and takes most of a fold's time. So ESMFold's 8-bit
+# default keeps the stem in float and runs the trunk in bfloat16 (bf16-trunk); w8a8-pwlq-stem adds the study's 8-bit
+# stem (BENCHMARKS.md, "ESMFold as typed").
+PRESETS["bf16-trunk"] = QuantConfig(weights=None, activations=None, kinds=(), trunk_dtype="bfloat16",
+                                    name="bf16-trunk")
 PRESETS["w8a8-pwlq-stem"] = PRESETS["w8a8-pwlq"].replace(groups=("esm",), trunk_dtype="bfloat16",
                                                          name="w8a8-pwlq-stem")
 
@@ -120,7 +124,11 @@ DOCS: Dict[str, str] = {
                    "inputs) after an online Hadamard rotation of each SwiGLU product (blocks of 128 channels, run in "
                    "float32 at inference; ffn.3's weight rotated to match, so the float model is unchanged); no "
                    "calibration needed",
-    "w8a8-pwlq-stem": "ESMFold (default of --bits 8): w8a8-pwlq on the ESM-2 stem (W8 per-channel codes, static "
+    "bf16-trunk": "ESMFold (default of --bits 8): the folding trunk's Linear weights stored in bfloat16 (16 bits) and "
+                  "its blocks run in bfloat16 (autocast: LayerNorm, softmax and the residual stream float32) where "
+                  "the device has native bfloat16, else in float32; the ESM-2 stem, structure module and heads "
+                  "float32; nothing calibrated",
+    "w8a8-pwlq-stem": "ESMFold: w8a8-pwlq on the ESM-2 stem (W8 per-channel codes, static "
                       "PWLQ A8 on its Linear and LayerNorm inputs); the folding trunk's Linear weights stored in "
                       "bfloat16 (16 bits) and its blocks run in bfloat16 (autocast: LayerNorm, softmax and the "
                       "residual stream float32) where the device has native bfloat16, else in float32; the "

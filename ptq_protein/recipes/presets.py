@@ -88,10 +88,11 @@ def preset_for_bits(bits: int, family: Optional[str] = None) -> str:
     """The default recipe for ``--bits N``: piecewise-linear activations at N bits, N-bit weights.
 
     ``family`` is the model adapter's (:attr:`~ptq_protein.models.adapter_base.ModelAdapter.family`): ESMFold's
-    8-bit default quantizes its ESM-2 stem and runs its folding trunk in bfloat16 (``w8a8-pwlq-stem``).
+    8-bit default runs its folding trunk in bfloat16 and keeps the rest in float (``bf16-trunk``, see
+    :mod:`ptq_protein.recipes.ours` for why).
     """
     if bits == 8:
-        return "w8a8-pwlq-stem" if family == "hf-esmfold" else "w8a8-pwlq"
+        return "bf16-trunk" if family == "hf-esmfold" else "w8a8-pwlq"
     if bits == 6:
         return "w6a6-pwlq"
     if bits == 4:

@@ -93,9 +93,10 @@ def choose_fidelity_sequences(calibration: CalibrationArg, n: int,
                              tuple(len(seqs[i]) for i in picked), source)
 
 
-def recipe_row(cfg: QuantConfig, qmodel: nn.Module, references: Sequence[Reference]) -> ComparisonRow:
+def recipe_row(cfg: QuantConfig, qmodel: nn.Module, references: Sequence[Reference],
+               progress: bool = False) -> ComparisonRow:
     """Fidelity of ``qmodel`` (quantized with ``cfg``) against the FP ``references``."""
-    metrics = compare_to_reference(qmodel, references, get_adapter(qmodel))
+    metrics = compare_to_reference(qmodel, references, get_adapter(qmodel), progress=progress)
     state = getattr(qmodel, "ptq_state", None)
     plan = getattr(state, "plan", None)
     cfg = resolve_recipe(cfg).as_run(cfg, state)

@@ -32,6 +32,7 @@ BENCHES: Dict[str, str] = {  # name -> module (importable with scripts/ on sys.p
     "cpu_int8": "bench.cpu_int8",
     "onnx": "bench.onnx",
     "long_fold": "bench.long_fold",
+    "fold": "bench.fold",
     "small_commands": "bench.small_commands",
     "tmscore": "bench.tmscore",
     "embed": "bench.embed",

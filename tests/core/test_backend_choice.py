@@ -41,7 +41,9 @@ def test_load_picks_int8_and_says_why_once(esm2, seqs, tmp_path, caplog):
     assert {m.backend for m in fake.modules() if hasattr(m, "engine_ran")} == {Backend.FAKE}
 
 
-@pytest.mark.parametrize("preset", [n for n, c in PRESETS.items() if c.study is None and n != "fp"])
+# ESMFold-only recipes (trunk_dtype) load with default options in tests/core/test_trunk_dtype.py
+@pytest.mark.parametrize("preset", [n for n, c in PRESETS.items()
+                                    if c.study is None and n != "fp" and not c.trunk_dtype])
 def test_every_saveable_preset_loads_with_default_options(request, seqs, tmp_path, preset):
     """Choosing the fast path must never turn a loadable artifact into a refusal: a recipe integer GEMMs
     cannot run (FP8, piecewise-linear weights) keeps its recorded simulation, bit for bit. On ESM-2, and on ESM C

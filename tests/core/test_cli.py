@@ -20,7 +20,7 @@ def test_quantize_then_fold_writes_parseable_pdbs(tmp_path, capsys):
                           "--num-recycles", "0", "--out", str(art), "--json")
     assert code == 0, err
     summary = json.loads(out)
-    assert summary["recipe"] == "w8a8-pwlq" and summary["sites_quantized"] > 50
+    assert summary["recipe"] == "bf16-trunk" and summary["trunk_dtype"] == "bfloat16"  # ESMFold's 8-bit default
     assert (art / "model.safetensors").exists() and (art / "recipe.json").exists()
     fasta = tmp_path / "t.fasta"
     fasta.write_text(">one\nMKTAYIAKQRQISFVK\n>two\nGSHMLEDPVAGVSKEELLK\n")

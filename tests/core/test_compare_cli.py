@@ -42,7 +42,8 @@ def test_quickstart_demo_prints_the_comparison_from_one_calibration_pass(tmp_pat
     code, out, err = _run(capsys, "quantize", "tiny-esmfold", "--bits", "8", "--calib", "casp14:6",
                           "--num-recycles", "0", "--check", "2", "--out", str(tmp_path / "a"))
     assert code == 0, err
-    assert calibration_counter["passes"] == 1  # w8a8-pwlq and the demo's w8a8-uniform share the pass
+    assert calibration_counter["passes"] == 1  # the demo's w8a8-pwlq and w8a8-uniform share the pass (bf16-trunk
+    # calibrates nothing)
     # ESMFold calibrates one sequence a forward, as the study's pass does: the study recipe of the default
     # comparison keeps its own statistics, observed in those same 6 forwards, and says so
     assert calibration_counter["forwards"] == 6
@@ -53,8 +54,9 @@ def test_quickstart_demo_prints_the_comparison_from_one_calibration_pass(tmp_pat
     assert "toolkit check, random weights" in lines[head]
     assert lines[head + 1].startswith("on the 2 median-length calibration sequences of 6 (")
     assert lines[head + 2].split() == ["recipe", "bits", "W/A", "rel.", "error", "TM", "vs", "FP"]
-    rows = [line.split() for line in lines[head + 3:head + 6]]
-    assert [r[:2] for r in rows] == [["w8a8-pwlq", "8/8"], ["w8a8-uniform", "8/8"], ["study-w8a8-pwlq", "8/9"]]
+    rows = [line.split() for line in lines[head + 3:head + 7]]
+    assert [r[:2] for r in rows] == [["bf16-trunk", "fp/fp"], ["w8a8-pwlq", "8/8"], ["w8a8-uniform", "8/8"],
+                                     ["study-w8a8-pwlq", "8/9"]]
     for row in rows:
         rel, tm = float(row[2]), float(row[3])
         assert 0 <= rel < 1 and 0 < tm <= 1

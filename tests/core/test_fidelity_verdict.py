@@ -27,6 +27,7 @@ def test_bound_from_the_fewest_bits(name, bits, rel):
         return
     assert (bound.bits, bound.max_relative_error) == (bits, min(1.0, 0.5 * 2.0 ** (8 - bits)))
     assert bound.max_relative_error == rel
+    assert bound.min_tm_vs_fp == {8: 0.9, 6: 0.6, 4: 0.5}[bits]  # 1 - 0.1 * 2 ** (8 - b), at least 0.5
 
 
 def test_bound_of_seven_bits_doubles_the_eight_bit_one():
@@ -41,7 +42,8 @@ def test_verdict_names_each_limit_crossed_and_nan_is_outside():
     found = verdict(bound, {"relative_error": 1.04, "top1_agreement": 0.33})
     assert not found["within"] and found["outside"] == ["rel. error 1.04 > 0.5", "top-1 agreement 0.33 < 0.5"]
     assert not verdict(bound, {"relative_error": float("nan")})["within"]
-    assert verdict(bound, {"relative_error": 0.1, "tm_vs_fp": 0.4})["outside"] == ["TM-score to FP 0.4 < 0.5"]
+    assert verdict(bound, {"relative_error": 0.1, "tm_vs_fp": 0.8})["outside"] == ["TM-score to FP 0.8 < 0.9"]
+    assert verdict(bound, {"relative_error": 0.1, "tm_vs_fp": 0.95})["within"]
 
 
 @pytest.fixture

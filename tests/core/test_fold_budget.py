@@ -106,7 +106,10 @@ def test_planned_fold_sets_the_chunk_for_one_fold_and_says_so(esmfold, caplog, m
 
 
 def test_fold_refuses_what_cannot_fit_in_one_line_and_folds_the_rest(esmfold, tmp_path, capsys, monkeypatch):
+    from ptq_protein.workflows import memory_budget
+
     monkeypatch.setattr(fold_budget, "resident_before_fold", lambda: 0)  # the test process's own size aside
+    monkeypatch.setattr(memory_budget, "resident_bytes", lambda: 0)  # (it grows over a whole suite's run)
     fasta = tmp_path / "in.fasta"
     fasta.write_text(">short\nMKTAYIAKQRQISFVKSHFSRQ\n>long\n" + "ACDEFGHIKLMNPQRSTVWY" * 30 + "\n")
     budget = predict_peak(dims_of(esmfold), FoldPlan(200, chunk=CHUNK_CHOICES[-1]))  # 22 residues fit, 600 do not

@@ -44,8 +44,10 @@ def test_pwlq_beats_uniform_on_outlier_model(esm2, seqs):
     assert errors["w8a8-pwlq"] < 0.8 * errors["w8a8-uniform"], errors
 
 
-# The ESM C-only recipes (the SwiGLU rotation) refuse ESM-2: tests/core/test_rotate_recipes.py runs them on ESM C.
-@pytest.mark.parametrize("preset", [p for p in PRESETS if p != "fp" and not PRESETS[p].rotate_ffn])
+# The ESM C-only recipes (the SwiGLU rotation) refuse ESM-2: tests/core/test_rotate_recipes.py runs them on ESM C;
+# the ESMFold-only ones (trunk_dtype) run in tests/core/test_trunk_dtype.py.
+@pytest.mark.parametrize("preset", [p for p in PRESETS if p != "fp" and not PRESETS[p].rotate_ffn
+                                    and not PRESETS[p].trunk_dtype])
 def test_every_preset_runs_on_hf_esm2(hf_esm2, seqs, preset):
     q = pp.quantize(hf_esm2, preset, calibration=seqs, batch_size=2)
     batch = get_adapter(hf_esm2).make_batch(seqs[:2])
