@@ -335,8 +335,9 @@ _SLOW_ON_CPU = ("w8a8-pwlq",)  # the default recipe: measured 1.0-1.1x FP32 on C
 
 
 def _print_summary(summary: dict, demo: bool) -> None:
-    print(f"quantized {summary['model']} with {summary['recipe']}: {summary['sites_quantized']} sites "
-          f"({', '.join(f'{k}: {v}' for k, v in sorted(summary['by_kind'].items()))})")
+    sites = ", ".join(f"{k}: {v}" for k, v in sorted(summary["by_kind"].items()))
+    print(f"quantized {summary['model']} with {summary['recipe']}: "
+          + (f"{summary['sites_quantized']} sites ({sites})" if summary["sites_quantized"] else "no site quantized"))
     calib = summary["calibration"]
     if calib:
         print(f"calibration: {calib['name']} ({calib['num_sequences']} sequences, sha256 {calib['sha256'][:12]})")
