@@ -295,3 +295,30 @@ def test_bench_esmc_embed_quick_times_the_commands_as_typed(capsys, tmp_path):
                      "ptq-protein embed w8a8-dynamic artifact"]
     assert all(float(r[2]) > 0 for r in rows) and all(r[3] == r[4] == "" for r in rows)  # no anchor, no ratio
     assert "the BF16 loop" not in out
+
+
+def test_bench_fold_model_is_one_esmfold_in_both_layouts_and_its_targets_span_the_range(tmp_path):
+    """The fold bench's model: fair-esm's file and the transformers folder hold the same weights (the rows compare
+    the same model), the stem's planted channels stand out, and the targets are the asked number within the asked
+    lengths, spread from the shortest to the longest."""
+    import torch
+    from transformers import EsmForProteinFolding
+
+    from ptq_protein.models.loading import load_model
+
+    maker = _load("make_random_checkpoints")
+    fold = _bench("fold")
+    path = maker.write_esmfold(tmp_path, blocks=1, seed=0, outliers=True, hf=True)
+    hf = EsmForProteinFolding.from_pretrained(tmp_path / (path.stem + "-hf"))
+    ours = load_model(str(path)).model
+    theirs = hf.state_dict()
+    assert hf.config.esmfold_config.trunk.num_blocks == 1 and len(ours.trunk.blocks) == 1
+    shared = [k for k in ours.state_dict() if k in theirs]
+    assert len(shared) == len(theirs) and all(torch.equal(ours.state_dict()[k], theirs[k]) for k in shared)
+    emb = hf.esm.embeddings.word_embeddings.weight.abs().amax(dim=0)
+    assert emb.max() > 5 * emb.median()  # planted outlier channels in the stem
+    chosen = fold.targets(4, 60, 150)
+    lengths = [len(s) for _, s in chosen]
+    assert len(chosen) == 4 and lengths == sorted(lengths) and 60 <= lengths[0] and lengths[-1] <= 150
+    with pytest.raises(SystemExit, match="only"):
+        fold.targets(500, 60, 150)
