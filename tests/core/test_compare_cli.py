@@ -108,13 +108,21 @@ def test_readme_quickstart_output_is_the_printed_format(capsys):
     ids = lines[1].split("(", 1)[1].split(";", 1)[0].split(", ")
     table = [line for line in lines[3:] if not line.lstrip().startswith("note:")]
     notes = [line.split("note: ", 1)[1] for line in lines[3:] if line.lstrip().startswith("note:")]
-    notes = dict(n.split(" ", 1) for n in notes)
-    rows = [line.split() for line in table]
+    verdicts = {n.split("'s ", 1)[0]: n.split("(", 1)[1].rsplit(")", 1)[0] for n in notes if "is far outside" in n}
+    notes = dict(n.split(" ", 1) for n in notes if "is far outside" not in n)
+    rows = [line.split("  << outside")[0].split() for line in table]
+
+    def width(text):
+        return None if text == "fp" else int(text)
+
     comparison = {
         "sequences": {"source": "the 3 median-length calibration sequences of 50", "ids": ids,
                       "lengths": [128] * 3, "full_lengths": [200] * 3},
-        "rows": [{"recipe": r[0], "weight_bits": int(r[1].split("/")[0]), "activation_bits": int(r[1].split("/")[1]),
-                  "relative_error": float(r[2]), "tm_vs_fp": float(r[3])} for r in rows],
+        "rows": [{"recipe": r[0], "weight_bits": width(r[1].split("/")[0]),
+                  "activation_bits": width(r[1].split("/")[1]),
+                  "relative_error": float(r[2]), "tm_vs_fp": float(r[3]),
+                  **({"verdict": {"within": False, "outside": [verdicts[r[0]]], "bound": {"bits": 8}}}
+                     if r[0] in verdicts else {})} for r in rows],
         "calibration": {"passes": 1, "notes": notes},
     }
     compare_table.print_comparison(comparison, demo=True)
