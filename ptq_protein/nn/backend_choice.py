@@ -22,7 +22,7 @@ import torch
 
 from ptq_protein.recipes.config import Backend, QuantConfig
 
-__all__ = ["choose_backend", "where_it_runs", "cpu_isa"]
+__all__ = ["choose_backend", "where_it_runs", "cpu_isa", "cpu_flags"]
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +32,19 @@ _FLAGS = (("amx_int8", "AMX int8"), ("avx512_vnni", "AVX-512 VNNI"), ("avx_vnni"
 
 
 @functools.lru_cache(maxsize=None)
+def cpu_flags() -> frozenset:
+    """The instruction-set flags this CPU lists in ``/proc/cpuinfo`` (empty where there is none)."""
+    try:
+        return frozenset(next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                              if line.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration, IndexError):
+        return frozenset()
+
+
+@functools.lru_cache(maxsize=None)
 def cpu_isa() -> str:
     """The widest int8-relevant instruction set this CPU lists (``/proc/cpuinfo``), or PyTorch's capability."""
-    try:
-        flags = set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
-                         if line.startswith("flags")).split(":", 1)[1].split())
-    except (OSError, StopIteration, IndexError):
-        flags = set()
+    flags = cpu_flags()
     found = next((name for flag, name in _FLAGS if flag in flags), None)
     return found or torch.backends.cpu.get_cpu_capability()
 

@@ -16,10 +16,8 @@ The Linear modules it holds are marked (:data:`HELD`) so that the artifact's dty
 
 from __future__ import annotations
 
-import functools
 import logging
 import types
-from pathlib import Path
 from typing import Optional, Tuple
 
 import torch
@@ -27,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ptq_protein.models import float_dtypes
+from ptq_protein.nn.backend_choice import cpu_flags
 
 __all__ = ["use_trunk_dtype", "trunk_dtype_of", "native_bf16", "HELD"]
 
@@ -73,7 +72,7 @@ def native_bf16(device: torch.device) -> bool:
     """True where bfloat16 products run natively: CUDA, or a CPU listing avx512_bf16 / amx_bf16."""
     if device.type == "cuda":
         return True
-    return device.type == "cpu" and bool(set(_BF16_FLAGS) & _cpu_flags())
+    return device.type == "cpu" and bool(set(_BF16_FLAGS) & cpu_flags())
 
 
 def _held_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -99,12 +98,3 @@ def _autocast_on(device_type: str) -> bool:
 
 def _cpu_note(device: torch.device) -> str:
     return "no avx512_bf16 or amx_bf16 flag" if device.type == "cpu" else "not CUDA"
-
-
-@functools.lru_cache(maxsize=None)
-def _cpu_flags() -> frozenset:
-    try:
-        line = next(x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("flags"))
-    except (OSError, StopIteration):
-        return frozenset()
-    return frozenset(line.split(":", 1)[1].split())

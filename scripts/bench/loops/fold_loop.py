@@ -4,28 +4,14 @@
 ``EsmForProteinFolding.from_pretrained(folder)``, the stem in float32 (transformers keeps ``fp16_esm`` for CUDA;
 on a CPU users run it in float32), ``torch.no_grad()``, one ``model.infer_pdb(sequence)`` per record written to
 ``OUT/LABEL.pdb``. ``--bf16-stem`` casts the ESM-2 stem to bfloat16 (``model.esm.to(torch.bfloat16)``): the
-perturbation control of the fold bench. It imports nothing from this toolkit.
+perturbation control of the fold bench. It imports nothing from this toolkit (only its sibling loop's FASTA reader).
 """
 
 import argparse
 import pathlib
 
 import torch
-
-
-def read_fasta(path):
-    """(label, sequence) pairs; the label is the header's first word."""
-    records, label, parts = [], None, []
-    for line in pathlib.Path(path).read_text().splitlines():
-        if line.startswith(">"):
-            if label is not None:
-                records.append((label, "".join(parts)))
-            label, parts = line[1:].split()[0], []
-        elif line.strip():
-            parts.append(line.strip())
-    if label is not None:
-        records.append((label, "".join(parts)))
-    return records
+from hf_loop import read_fasta  # the embed bench's plain reader, beside this file (labels: whole headers)
 
 
 def main():
