@@ -24,8 +24,10 @@ from ptq_protein.recipes.presets import preset_for_bits
 SEQ = "MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQ"
 
 
-def _trunk_linears(model):
-    return [(n, m) for n, m in model.trunk.blocks.named_modules() if isinstance(m, nn.Linear)]
+def _trunk_linears(model, parts=trunk_dtype.PAIR_PARTS):
+    """(name under trunk.blocks, Linear) of the blocks' ``parts``."""
+    return [(n, m) for n, m in model.trunk.blocks.named_modules()
+            if isinstance(m, nn.Linear) and n.split(".")[1] in parts]
 
 
 def _ca(model, seq=SEQ):
@@ -34,12 +36,13 @@ def _ca(model, seq=SEQ):
         return adapter.forward(model, adapter.make_batch([seq]))["positions"][-1, 0, :, 1]
 
 
-def test_trunk_linears_are_held_in_bf16_and_nothing_else_changes(esmfold):
+def test_pair_linears_are_held_in_bf16_and_nothing_else_changes(esmfold):
     model = trunk_dtype.use_trunk_dtype(copy.deepcopy(esmfold))
     assert _trunk_linears(model) and all(m.weight.dtype == torch.bfloat16 for _, m in _trunk_linears(model))
     held = {id(p) for _, m in _trunk_linears(model) for p in m.parameters()}
     others = [p for p in model.parameters() if id(p) not in held]
-    assert others and all(p.dtype == torch.float32 for p in others)  # LayerNorms, stem, structure module, heads
+    assert others and all(p.dtype == torch.float32 for p in others)  # LayerNorms, sequence side, stem, structure
+    assert _trunk_linears(model, ("seq_attention", "mlp_seq"))  # the sequence side has Linears, kept float32
     assert float_dtypes(model) == {"": "float32"}  # the record neither counts the held Linears nor casts them
     assert trunk_dtype.trunk_dtype_of(model) == "bfloat16" and trunk_dtype.trunk_dtype_of(esmfold) is None
 
@@ -58,11 +61,12 @@ def test_without_native_bf16_the_trunk_runs_float32_on_the_rounded_weights(esmfo
 @pytest.mark.skipif(not trunk_dtype.native_bf16(torch.device("cpu")), reason="this CPU has no native bfloat16")
 def test_with_native_bf16_the_blocks_run_under_autocast_and_stay_on_the_fold(esmfold, monkeypatch):
     model = trunk_dtype.use_trunk_dtype(copy.deepcopy(esmfold))
-    seen = []
-    block = model.trunk.blocks[0]
-    block.tri_mul_out.register_forward_hook(lambda m, a, out: seen.append(out.dtype))
+    seen, block = {}, model.trunk.blocks[0]
+    for name, part in (("tri", block.tri_mul_out.linear_z), ("mlp", block.mlp_pair.mlp[1]),
+                       ("seq", block.seq_attention.o_proj)):
+        part.register_forward_hook(lambda m, a, out, name=name: seen.setdefault(name, out.dtype) and None)
     ca, ca_fp = _ca(model), _ca(esmfold)
-    assert seen and seen[0] == torch.bfloat16  # the products ran in bfloat16
+    assert seen == {"tri": torch.bfloat16, "mlp": torch.bfloat16, "seq": torch.float32}  # pair products in bf16
     assert ca.dtype == torch.float32 and not torch.equal(ca, ca_fp)
     assert tm_score(ca.double().numpy(), ca_fp.double().numpy()).tm_score > 0.98
 
