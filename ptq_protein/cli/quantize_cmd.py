@@ -342,8 +342,8 @@ def _print_summary(summary: dict, demo: bool) -> None:
     if calib:
         print(f"calibration: {calib['name']} ({calib['num_sequences']} sequences, sha256 {calib['sha256'][:12]})")
     if summary.get("trunk_dtype"):
-        print(f"folding trunk: {summary['trunk_dtype']} (its Linear weights stored so; its products run so where "
-              "the CPU or GPU has it natively, else float32)")
+        print(f"folding trunk: pair operations in {summary['trunk_dtype']} (their Linear weights stored so; their "
+              "products run so where the CPU or GPU has it natively, else float32)")
     print(f"artifact: {summary['artifact']} ({summary['artifact_bytes'] / 1e6:.2f} MB)")
     if summary.get("family") in _FUSED_LM_FAMILIES and summary["recipe"] in _SLOW_ON_CPU:
         print(f"speed: on CPU, {summary['recipe']} runs about as fast as the FP model (its outlier pieces take a "

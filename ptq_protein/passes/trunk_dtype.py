@@ -1,8 +1,8 @@
-"""Pass: run ESMFold's trunk blocks in bfloat16 (``QuantConfig(trunk_dtype="bfloat16")``).
+"""Pass: run the pair operations of ESMFold's trunk in bfloat16 (``QuantConfig(trunk_dtype="bfloat16")``).
 
 Needs: nothing (no calibration: nothing in the trunk is quantized by it).
-Reads: ``run.cfg.trunk_dtype``. Writes: ``run.model`` (its trunk blocks' Linear weights held in
-bfloat16, the blocks run under bfloat16 autocast where the device has it: :mod:`ptq_protein.nn.trunk_dtype`).
+Reads: ``run.cfg.trunk_dtype``. Writes: ``run.model`` (its trunk pair operations' Linear weights held in
+bfloat16, those operations run under bfloat16 autocast where the device has it: :mod:`ptq_protein.nn.trunk_dtype`).
 Last, as :class:`~ptq_protein.passes.pair_int8.PairInt8`: the calibration forwards before it see the float
 trunk; the config records ``trunk_dtype``, so a loaded artifact runs the same way.
 """

@@ -238,8 +238,8 @@ class QuantConfig:
     `Scheme.STUDY_*`, the study's calibration and W8 (`StudyOptions`).
     `pair_bits=8` holds ESMFold's pair activations in int8 while it folds
     (`ptq_protein.nn.pair_int8`); None keeps them in floating point.
-    `trunk_dtype="bfloat16"` holds ESMFold's trunk blocks' Linear weights in bfloat16 and runs the blocks'
-    products in it (`ptq_protein.nn.trunk_dtype`); None keeps the trunk in the model's dtype.
+    `trunk_dtype="bfloat16"` holds the Linear weights of ESMFold's trunk pair operations in bfloat16 and runs
+    their products in it (`ptq_protein.nn.trunk_dtype`); None keeps the trunk in the model's dtype.
     `rotate_ffn=b` (0: off) rotates ESM C's SwiGLU products by Hadamard blocks of `b` channels first.
     """
 
@@ -390,7 +390,7 @@ class QuantConfig:
         a += f" (SmoothQuant alpha={self.smoothquant.alpha})" if self.smoothquant is not None else ""
         special = f"; BOS/EOS {self.special_tokens.value}" if self.activations is not None else ""
         pair = "" if self.pair_bits is None else f"; pair activations int{self.pair_bits}"
-        pair += "" if self.trunk_dtype is None else f"; trunk blocks {self.trunk_dtype}"
+        pair += "" if self.trunk_dtype is None else f"; trunk pair operations {self.trunk_dtype}"
         pair += f"; SwiGLU product Hadamard-rotated (block {self.rotate_ffn})" if self.rotate_ffn else ""
         kinds = ",".join(k.value for k in self.kinds)
         return f"{self.name}: weights {w}; activations {a}; sites {kinds}{special}{pair}"

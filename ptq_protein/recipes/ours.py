@@ -90,10 +90,10 @@ PRESETS["w8a8-rotate-gptq"] = PRESETS["w8a8-rotate"].replace(gptq=GPTQSpec(damp=
                                                                            group_size=-1), name="w8a8-rotate-gptq")
 # ESMFold. On random ESMFolds at the v1 trunk's widths (8 blocks, 10 cameo139 targets), every 8-bit stem tried moved
 # the fold: TM to the FP fold 0.72-0.95 for W8 + PWLQ A8, 0.68-0.90 for W8A8 per-token, 0.79-0.94 for W8 alone, as
-# much as multiplying the stem's weights by 1 + 1% Gaussian noise; the trunk in bfloat16 kept 0.976-0.992 (casting the
-# stem to bfloat16, the perturbation control, 0.959-0.990) and takes most of a fold's time. So ESMFold's 8-bit
-# default keeps the stem in float and runs the trunk in bfloat16 (bf16-trunk); w8a8-pwlq-stem adds the study's 8-bit
-# stem (BENCHMARKS.md, "ESMFold as typed").
+# much as multiplying the stem's weights by 1 + 1% Gaussian noise; the trunk's pair operations in bfloat16 stayed at
+# or above the perturbation control (the stem cast to bfloat16) and take most of a fold's time. So ESMFold's 8-bit
+# default keeps the stem in float and runs the pair operations in bfloat16 (bf16-trunk, nn/trunk_dtype.py says why
+# not the sequence side); w8a8-pwlq-stem adds the study's 8-bit stem (BENCHMARKS.md, "ESMFold as typed").
 PRESETS["bf16-trunk"] = QuantConfig(weights=None, activations=None, kinds=(), trunk_dtype="bfloat16",
                                     name="bf16-trunk")
 PRESETS["w8a8-pwlq-stem"] = PRESETS["w8a8-pwlq"].replace(groups=("esm",), trunk_dtype="bfloat16",
@@ -124,10 +124,10 @@ DOCS: Dict[str, str] = {
                    "inputs) after an online Hadamard rotation of each SwiGLU product (blocks of 128 channels, run in "
                    "float32 at inference; ffn.3's weight rotated to match, so the float model is unchanged); no "
                    "calibration needed",
-    "bf16-trunk": "ESMFold (default of --bits 8): the folding trunk's Linear weights stored in bfloat16 (16 bits) and "
-                  "its blocks run in bfloat16 (autocast: LayerNorm, softmax and the residual stream float32) where "
-                  "the device has native bfloat16, else in float32; the ESM-2 stem, structure module and heads "
-                  "float32; nothing calibrated",
+    "bf16-trunk": "ESMFold (default of --bits 8): the trunk blocks' pair operations (triangle updates and "
+                  "attentions, pair transition) store their Linear weights in bfloat16 (16 bits) and run in bfloat16 "
+                  "(autocast: LayerNorm and softmax float32) where the device has native bfloat16, else in float32; "
+                  "the blocks' sequence side, the ESM-2 stem, structure module and heads float32; nothing calibrated",
     "w8a8-pwlq-stem": "ESMFold: w8a8-pwlq on the ESM-2 stem (W8 per-channel codes, static "
                       "PWLQ A8 on its Linear and LayerNorm inputs); the folding trunk's Linear weights stored in "
                       "bfloat16 (16 bits) and its blocks run in bfloat16 (autocast: LayerNorm, softmax and the "
