@@ -41,7 +41,7 @@ def register(subparsers) -> None:
     p.add_argument("model", help=MODEL_HELP)
     group = p.add_mutually_exclusive_group()
     group.add_argument("--bits", type=int, help="4, 6 or 8: the default piecewise-linear recipe at that "
-                                                "width (default 8)")
+                                                "width (default 8; on ESMFold, 8 is bf16-trunk: docs/esmfold.md)")
     group.add_argument("--preset", help="a named recipe (w8a8-pwlq, w8a8-smoothquant, w8a8-rotate, ...; "
                                         "'ptq-protein presets' lists all, one line each)")
     group.add_argument("--auto", action="store_true",
