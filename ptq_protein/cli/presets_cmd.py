@@ -14,6 +14,7 @@ EPILOG = """marks:
   [accurate]  language models: 8-bit piecewise-linear activations (outliers kept, nothing clipped):
               several integer GEMMs per site, about float speed
   [ESM C]     ESM C only (it rotates ESM C's SwiGLU product); other models are refused in one line
+  [ESMFold]   ESMFold only (it runs the folding trunk's pair operations in bfloat16); others are refused in one line
 The marks say what each recipe computes, not a measurement; measured errors and speeds are in docs/methods.md,
 docs/esmc.md and BENCHMARKS.md.
 
@@ -27,7 +28,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("presets", help="list every named recipe (--preset), one line each",
                               description="List the named recipes 'quantize --preset' takes, grouped as ours, the "
                                           "baselines and the study's, with the fast and accurate points for "
-                                          "language models and the ESM C-only ones marked.",
+                                          "language models and the ESM C-only and ESMFold-only ones marked.",
                               epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_json_option(p)
     p.set_defaults(func=run)
@@ -42,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json([asdict(line) for line in lines])
         return 0
-    marks = {line.name: " ".join([f"[{line.lm_point}]"] * bool(line.lm_point) + ["[ESM C]"] * line.esmc_only)
-             for line in lines}
+    marks = {line.name: " ".join([f"[{line.lm_point}]"] * bool(line.lm_point) + ["[ESM C]"] * line.esmc_only
+                                 + ["[ESMFold]"] * line.esmfold_only) for line in lines}
     width, mark_width = max(len(line.name) for line in lines), max(len(m) for m in marks.values())
     for group, title in GROUPS.items():
         print(f"{title}:")

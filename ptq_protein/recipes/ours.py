@@ -128,11 +128,9 @@ DOCS: Dict[str, str] = {
                   "attentions, pair transition) store their Linear weights in bfloat16 (16 bits) and run in bfloat16 "
                   "(autocast: LayerNorm and softmax float32) where the device has native bfloat16, else in float32; "
                   "the blocks' sequence side, the ESM-2 stem, structure module and heads float32; nothing calibrated",
-    "w8a8-pwlq-stem": "ESMFold: w8a8-pwlq on the ESM-2 stem (W8 per-channel codes, static "
-                      "PWLQ A8 on its Linear and LayerNorm inputs); the folding trunk's Linear weights stored in "
-                      "bfloat16 (16 bits) and its blocks run in bfloat16 (autocast: LayerNorm, softmax and the "
-                      "residual stream float32) where the device has native bfloat16, else in float32; the "
-                      "structure module and heads float32",
+    "w8a8-pwlq-stem": "ESMFold: w8a8-pwlq on the ESM-2 stem (W8 per-channel codes, static PWLQ A8 on its Linear and "
+                      "LayerNorm inputs, calibrated through the stem alone), plus bf16-trunk (the trunk's pair "
+                      "operations in bfloat16); the rest float32",
     "w8a8-rotate-gptq": "ESM C only: w8a8-rotate with its W8 per-channel symmetric weights rounded by GPTQ (damp "
                         "0.01, act order; needs calibration sequences) after the rotation; A8 per-token dynamic "
                         "symmetric; online Hadamard on the SwiGLU product (blocks of 128 channels, float32)",

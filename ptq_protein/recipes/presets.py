@@ -43,12 +43,14 @@ class PresetLine:
     group: str  # "ours", "baselines" or "study"
     doc: str
     esmc_only: bool  # the recipe rotates ESM C's SwiGLU product, which only ESM C has
+    esmfold_only: bool  # the recipe runs ESMFold's trunk in its own dtype (trunk_dtype), which only ESMFold has
     lm_point: str  # "fast", "accurate" or "" (see lm_point)
 
 
 def preset_lines() -> List[PresetLine]:
     """Every registered preset, in registry order (ours, the baselines, the study's)."""
-    return [PresetLine(name, PRESET_GROUPS[name], PRESET_DOCS[name], bool(cfg.rotate_ffn), lm_point(cfg))
+    return [PresetLine(name, PRESET_GROUPS[name], PRESET_DOCS[name], bool(cfg.rotate_ffn), cfg.trunk_dtype is not None,
+                       "" if cfg.trunk_dtype is not None else lm_point(cfg))
             for name, cfg in PRESETS.items()]
 
 

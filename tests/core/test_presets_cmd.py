@@ -34,6 +34,9 @@ def test_marks_say_esmc_only_and_the_language_model_points(capsys):
     assert "[accurate]" in rows["w8a8-pwlq"]
     assert "[fast]" not in rows["w8-only"] and "[accurate]" not in rows["w8-only"]
     assert not any(lm_point(cfg) for name, cfg in PRESETS.items() if name.startswith("study-"))
+    for name in ("bf16-trunk", "w8a8-pwlq-stem"):  # ESMFold-only: marked so, and no language-model point
+        assert "[ESMFold]" in rows[name] and "[accurate]" not in rows[name] and "[fast]" not in rows[name]
+    assert "[ESMFold]" not in rows["w8a8-pwlq"]
 
 
 def test_json_lists_the_registry(capsys):
