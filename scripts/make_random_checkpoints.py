@@ -5,13 +5,16 @@ Files go under ``--out`` (default /tmp/ptq13_ckpt); never commit them.
 
     python scripts/make_random_checkpoints.py esm2_150M esm2_650M esmfold_trunk esmc_300m esmc_600m
     python scripts/make_random_checkpoints.py esm2_35M --outliers --hf --out /tmp/ckpt/outliers
+    python scripts/make_random_checkpoints.py esm2_35M --outliers ln-gain --hf --out /tmp/ckpt/ln-gain
 
 * ``esm2_8M`` ... ``esm2_3B`` (``esm2_quick``: 2 layers x 64, for smoke tests): ``esm2_t30_150M_UR50D.pt`` and so on,
   with fair-esm's key names and ``cfg`` (argparse.Namespace), as fair-esm's hub files, and
   ``NAME-contact-regression.pt`` beside it (random, as the rest), which fair-esm's
   ``load_model_and_alphabet_local`` requires for ESM-2 names.
-  ``--outliers``: trained-ESM-like outlier channels planted in the token embedding and every layer's FFN output
-  (``ptq_protein.models.outliers``, the tiny models' demo strengths), so activation quantization meets them.
+  ``--outliers [SHAPE]``: trained-ESM-like outliers planted (``ptq_protein.models.outlier_shapes``): alone or
+  ``residual``, channels in the token embedding and every layer's FFN output (``ptq_protein.models.outliers``, the
+  tiny models' demo strengths); ``ln-gain``, LayerNorm gains feeding attention and the FFN; ``sink``, BOS/EOS
+  attention sinks; ``mix``, all three; so activation quantization meets them.
   ``--hf``: the same weights as a Hugging Face folder ``NAME-hf/`` (``EsmForMaskedLM``, safetensors, the ESM
   vocabulary), names mapped by ``ptq_protein.models.esm_keymap``.
 * ``esmfold_trunk``: a fair-esm ESMFold file with the v1 trunk (48 folding blocks, structure module) on an
@@ -31,7 +34,7 @@ import argparse
 import sys
 import types
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Union
 
 import torch
 
@@ -72,10 +75,13 @@ def _randomize(state, generator):
     return out
 
 
-def esm2_state(kind: str, seed: int = 0, outliers: bool = False) -> Dict[str, torch.Tensor]:
-    """Random weights under fair-esm ``ESM2``'s names (LM head tied to the embedding), outliers planted if asked."""
+def esm2_state(kind: str, seed: int = 0, outliers: Union[bool, str] = False) -> Dict[str, torch.Tensor]:
+    """Random weights under fair-esm ``ESM2``'s names (LM head tied to the embedding), with the outlier shape
+    ``outliers`` planted (a name of ``OutlierShape``, ``outliers`` = residual; False/True: plain/residual)."""
     import esm
     from esm.model.esm2 import ESM2
+
+    from ptq_protein.models.outlier_shapes import OutlierShape
 
     _, layers, dim, heads = SIZES[kind]
     alphabet = esm.data.Alphabet.from_architecture("ESM-1b")
@@ -85,13 +91,13 @@ def esm2_state(kind: str, seed: int = 0, outliers: bool = False) -> Dict[str, to
              for k, v in model.state_dict().items()}
     state = _randomize(empty, torch.Generator().manual_seed(seed))
     state["lm_head.weight"] = state["embed_tokens.weight"]  # tied in fair-esm (stored once)
-    if outliers:
-        _plant_outliers(state, layers, alphabet, seed)
+    _plant_shape(state, OutlierShape.parse(outliers), layers, heads, alphabet, seed)
     return state
 
 
-def write_esm2(kind: str, out: Path, seed: int = 0, outliers: bool = False, hf: bool = False) -> Path:
-    """``NAME.pt`` and ``NAME-contact-regression.pt`` (fair-esm's published layout), and ``NAME-hf/`` if ``hf``."""
+def write_esm2(kind: str, out: Path, seed: int = 0, outliers: Union[bool, str] = False, hf: bool = False) -> Path:
+    """``NAME.pt`` and ``NAME-contact-regression.pt`` (fair-esm's published layout), and ``NAME-hf/`` if ``hf``;
+    ``outliers``: the planted outlier shape (see :func:`esm2_state`)."""
     name, layers, dim, heads = SIZES[kind]
     state = esm2_state(kind, seed, outliers)
     regression = {k: state.pop(k) for k in _REGRESSION}  # in their own file, as fair-esm publishes them
@@ -128,21 +134,38 @@ def write_hf_folder(state: Dict[str, torch.Tensor], kind: str, folder: Path) -> 
     return folder
 
 
-def _plant_outliers(state: Dict[str, torch.Tensor], layers: int, alphabet, seed: int) -> None:
-    """``plant_outlier_channels_`` (the tiny models' demo strengths) on the state's tensors, in place."""
+def _plant_shape(state: Dict[str, torch.Tensor], shape, layers: int, heads: int, alphabet, seed: int) -> None:
+    """``shape``'s parts planted on the fair-esm state's tensors, in place: residual channels (the tiny models'
+    demo strengths), LayerNorm gains feeding attention and the FFN, attention sinks on BOS/EOS."""
     from torch import nn
 
+    from ptq_protein.models.outlier_shapes import (
+        LnGainSpec,
+        OutlierShape,
+        SinkSpec,
+        plant_attention_sink_,
+        plant_ln_gain_,
+    )
     from ptq_protein.models.outliers import plant_outlier_channels_
     from ptq_protein.models.tiny import DEMO_OUTLIERS
 
+    sinks = (alphabet.cls_idx, alphabet.eos_idx)
     weight = state["embed_tokens.weight"]
-    embedding = nn.Embedding(*weight.shape, padding_idx=alphabet.padding_idx, _weight=weight)  # shares storage
-    fc2 = []
-    for i in range(layers):
-        linear = nn.Linear(1, 1, bias=False, device="meta")
-        linear.weight = nn.Parameter(state[f"layers.{i}.fc2.weight"], requires_grad=False)  # shares storage
-        fc2.append(linear)
-    plant_outlier_channels_(embedding, fc2, DEMO_OUTLIERS, seed=seed, tail_tokens=(alphabet.cls_idx, alphabet.eos_idx))
+    if OutlierShape.RESIDUAL in shape.parts:
+        embedding = nn.Embedding(*weight.shape, padding_idx=alphabet.padding_idx, _weight=weight)  # shares storage
+        fc2 = []
+        for i in range(layers):
+            linear = nn.Linear(1, 1, bias=False, device="meta")
+            linear.weight = nn.Parameter(state[f"layers.{i}.fc2.weight"], requires_grad=False)  # shares storage
+            fc2.append(linear)
+        plant_outlier_channels_(embedding, fc2, DEMO_OUTLIERS, seed=seed, tail_tokens=sinks)
+    if OutlierShape.LN_GAIN in shape.parts:
+        plant_ln_gain_([state[f"layers.{i}.{norm}.weight"] for i in range(layers)
+                        for norm in ("self_attn_layer_norm", "final_layer_norm")], LnGainSpec(), seed=seed)
+    if OutlierShape.SINK in shape.parts:
+        attentions = [(state[f"layers.{i}.self_attn.q_proj.bias"], state[f"layers.{i}.self_attn.k_proj.weight"])
+                      for i in range(layers)]
+        plant_attention_sink_(weight, attentions, heads, SinkSpec(), seed=seed, sink_tokens=sinks)
 
 
 def _inv_freq(head_dim: int) -> torch.Tensor:
@@ -203,10 +226,13 @@ def write_esmc(kind: str, out: Path, seed: int = 0) -> Path:
 
 
 def main(argv=None) -> int:
+    from ptq_protein.models.outlier_shapes import SHAPE_NAMES
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("kinds", nargs="+", choices=[*SIZES, "esmfold_trunk", *ESMC_SIZES])
     parser.add_argument("--out", type=Path, default=Path("/tmp/ptq13_ckpt"))
-    parser.add_argument("--outliers", action="store_true", help="ESM-2: plant outlier channels (models.outliers)")
+    parser.add_argument("--outliers", nargs="?", const="residual", default="plain", choices=SHAPE_NAMES,
+                        help="ESM-2: plant this outlier shape (models.outlier_shapes; alone: residual channels)")
     parser.add_argument("--hf", action="store_true", help="ESM-2: also write the weights as a Hugging Face folder")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

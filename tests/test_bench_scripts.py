@@ -208,6 +208,73 @@ def test_random_checkpoints_load_with_fair_esm_and_carry_the_planted_channels(tm
     assert widths[False].max() < 5 * widths[False].median()  # plain: no channel stands out
 
 
+def _shape_measures(model, alphabet, sequences):
+    """Measured on real tokens, independently of the planters: the largest LayerNorm-output channel (inputs of
+    q_proj and fc1) over the median channel, the largest residual-stream channel kurtosis, BOS's hidden-state norm
+    over the median token's (smallest over layers), and the mean attention weight on BOS."""
+    import torch
+
+    from ptq_protein.models.tokens import tokenize_fair_esm
+
+    tokens, mask = tokenize_fair_esm(alphabet, sequences)
+    inputs, handles = {}, []
+
+    def keep(name, args):
+        inputs[name] = args[0].transpose(0, 1)[mask].double()
+
+    for name, module in model.named_modules():
+        if name.endswith(("q_proj", "fc1")):
+            handles.append(module.register_forward_pre_hook(lambda mod, args, name=name: keep(name, args)))
+    try:
+        with torch.no_grad():
+            out = model(tokens, repr_layers=list(range(model.num_layers + 1)), need_head_weights=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    widest = min(float(x.abs().amax(0).max() / x.abs().amax(0).median()) for x in inputs.values())
+    states = [out["representations"][i].double() for i in range(model.num_layers)]
+    kurtosis = max(float(channel_kurtosis(h[mask]).max()) for h in states)
+    bos = min(float(h[:, 0].norm(dim=-1).median() / h[mask].norm(dim=-1).median()) for h in states)
+    attention = out["attentions"][..., 0].transpose(1, 3)[mask].mean()  # (B, H, L, T, T) -> queries of real tokens
+    return {"ln": widest, "kurtosis": kurtosis, "bos": bos, "attention": float(attention)}
+
+
+def channel_kurtosis(x):
+    centered = x - x.mean(0)
+    return centered.pow(4).mean(0) / centered.pow(2).mean(0).pow(2)
+
+
+@pytest.mark.parametrize("shape", ["plain", "residual", "ln-gain", "sink", "mix"])
+def test_random_checkpoint_outlier_shapes_do_what_they_claim(tmp_path, shape):
+    """Each outlier shape, written by make_random_checkpoints.py and loaded by fair-esm, shows its own signature and
+    the others' absence where the shape promises it; the HF folder equals the fair-esm file; the same seed writes
+    the same weights and another seed others."""
+    import argparse
+
+    import esm
+    import torch
+
+    from ptq_protein.data.sets import load_set
+
+    maker = _load("make_random_checkpoints")
+    prepare = _bench("prepare")
+    torch.serialization.add_safe_globals([argparse.Namespace])
+    path = maker.write_esm2("esm2_quick", tmp_path, seed=0, outliers=shape, hf=True)
+    model, alphabet = esm.pretrained.load_model_and_alphabet_local(str(path))
+    prepare.check_hf_matches(prepare.BenchModel("quick", shape, path, tmp_path / f"{path.stem}-hf", 2, 64, 4))
+    got = _shape_measures(model.eval(), alphabet, [s[:100] for s in load_set("cameo139:6").sequences()])
+    parts = {"mix": {"residual", "ln-gain", "sink"}, "plain": set()}.get(shape, {shape})
+    assert (got["kurtosis"] > 15) == bool(parts & {"residual", "sink"}), got  # plain, ln-gain: residual stays plain
+    assert got["ln"] > 15 if "ln-gain" in parts else got["ln"] < 12, got  # residual channels show, bounded, after LN
+    assert (got["attention"] > 0.15) == ("sink" in parts), got  # uniform over ~100 tokens: 0.01
+    assert (got["bos"] > 2.5) == bool(parts & {"residual", "sink"}), got
+    if shape == "sink":
+        assert got["bos"] > 10, got
+    same, other = (maker.esm2_state("esm2_quick", seed, shape) for seed in (0, 1))
+    assert all(torch.equal(a, b) for a, b in zip(maker.esm2_state("esm2_quick", 0, shape).values(), same.values()))
+    assert not torch.equal(same["embed_tokens.weight"], other["embed_tokens.weight"])
+
+
 def test_bench_entry_point_lists_and_dispatches_every_bench(capsys):
     """``python -m scripts.bench``: every name maps to a module whose ``main`` takes argv, and has a description."""
     import ast

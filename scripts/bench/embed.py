@@ -178,7 +178,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    "(a smoke test: torchao's compiled row only with --rows pt2e)")
     p.add_argument("--size", choices=["35m", "150m"], default="35m", help="model size (default 35m)")
     p.add_argument("--weights", nargs="+", choices=prepare.WEIGHTS, default=["outliers"],
-                   help="planted outlier channels, plain random weights, or both (default outliers)")
+                   help="outlier shapes of the random model (models.outlier_shapes): outliers (residual channels), "
+                        "plain, ln-gain, sink, mix; several run one after another (default outliers)")
     p.add_argument("--threads", type=int, nargs="+", default=[1], help="children's thread counts (default 1)")
     p.add_argument("--isa", nargs="+", choices=ISAS, default=["native"],
                    help="native, and/or avx2: oneDNN, ATen and MKL held to AVX2 in every child (an emulation)")

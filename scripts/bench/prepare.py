@@ -3,8 +3,9 @@ same weights as a Hugging Face folder (checked equal before any timing), the FAS
 way a user makes them (``ptq-protein quantize``, a whole process, timed on its own).
 
 Random weights (``scripts/make_random_checkpoints.py``): a toolkit measurement, never biology. Files go under
-``--dir`` (default /tmp/ptq44_bench, never committed): ``plain/`` and ``outliers/`` (planted outlier channels,
-``ptq_protein.models.outliers``), each with ``NAME.pt``, ``NAME-contact-regression.pt`` and ``NAME-hf/``.
+``--dir`` (default /tmp/ptq44_bench, never committed): one folder per outlier shape (:data:`WEIGHTS`,
+``ptq_protein.models.outlier_shapes``: ``outliers/`` the residual channels, ``plain/``, ``ln-gain/``, ``sink/``,
+``mix/``), each with ``NAME.pt``, ``NAME-contact-regression.pt`` and ``NAME-hf/``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ from bench.common import SCRIPTS, Measured, run_measured, write_fasta
 RECIPES = ("w8a8-smoothquant", "w8a8-pwlq", "w8a8-uniform", "w8a8-dynamic")  # the 8-bit presets the benches time
 RECOMMENDED = "w8a8-smoothquant"  # docs/embeddings.md's recipe for embeddings: the ONNX, HF-folder and goal rows
 KINDS = {"quick": "esm2_quick", "8m": "esm2_8M", "35m": "esm2_35M", "150m": "esm2_150M", "650m": "esm2_650M"}
-WEIGHTS = ("outliers", "plain")
+WEIGHTS = ("outliers", "plain", "ln-gain", "sink", "mix")  # outlier shapes (outliers: the residual channels)
+_PLANTED = {"outliers": "planted residual outlier channels", "plain": "no planted outliers",
+            "ln-gain": "LayerNorm-gain outlier channels", "sink": "BOS/EOS attention sinks",
+            "mix": "residual channels, LayerNorm gains and attention sinks"}
 DEFAULT_DIR = Path("/tmp/ptq44_bench")
 HF_MATCH = 1e-4  # relative Frobenius difference allowed between the HF folder's and fair-esm's last layer
 CALIB_SET, CALIB_COUNT, CALIB_CROP = "casp14", 50, 128  # what `ptq-protein quantize` calibrates on by default (CPU)
@@ -31,7 +35,7 @@ class BenchModel:
     """One random checkpoint: the fair-esm file, its HF folder, and its shape."""
 
     size: str
-    weights: str  # "outliers" or "plain"
+    weights: str  # one of WEIGHTS
     checkpoint: Path
     hf_folder: Path
     layers: int
@@ -39,7 +43,7 @@ class BenchModel:
     heads: int
 
     def describe(self) -> str:
-        planted = "planted outlier channels" if self.weights == "outliers" else "no planted outliers"
+        planted = _PLANTED.get(self.weights, self.weights)
         return (f"random ESM-2 {self.size}-sized checkpoint ({self.layers} layers x {self.dim}, {self.heads} heads, "
                 f"{planted}; {self.checkpoint.name} in fair-esm's layout and as an HF folder)")
 
@@ -69,7 +73,7 @@ def bench_model(folder: Path, size: str, weights: str, fresh: bool = False) -> B
         if where.exists():
             shutil.rmtree(where)
         where.mkdir(parents=True)
-        maker.write_esm2(kind, where, outliers=weights == "outliers", hf=True)
+        maker.write_esm2(kind, where, outliers=weights, hf=True)
     check_hf_matches(model)
     return model
 
