@@ -95,14 +95,16 @@ def test_bench_embed_quick_rows_are_whole_processes(capsys, quick_dir, bench_pac
     out = capsys.readouterr().out
     assert "`python -m scripts.bench embed --quick" in out and "int8 GEMM:" in out and "flags:" in out
     fair = _cells(out, "fair-esm extract.py loop, FP32")
-    assert fair[1] == "anchor" and fair[5] == "1.00x" and fair[12] == "0.00%"
+    assert fair[1] == "anchor" and fair[5] == "1.00x" and fair[13] == fair[14] == "0.00%"
     for label in ("transformers EsmModel SDPA, FP32", "ptq-protein embed CKPT"):
         row = _cells(out, label)
         assert float(row[2]) > 0 and float(row[4]) > 0 and re.fullmatch(r"\d+\.\d\dx", row[5])
-        assert re.fullmatch(r"\d+\.\d%", row[9]) and int(row[10]) > 0 and float(row[11]) > 0
-        assert row[12] == "0.00%", label  # same model, FP32: the mean vectors agree within 5e-5
+        assert float(row[9]) >= float(row[8]) > 0  # CPU s: user + system
+        assert re.fullmatch(r"\d+\.\d%", row[10]) and int(row[11]) > 0 and float(row[12]) > 0
+        assert row[13] == row[14] == "0.00%", label  # same model, FP32: the mean vectors agree within 5e-5
     art = _cells(out, "ptq-protein embed ART (w8a8-smoothquant)")
-    assert art[1] == "as typed" and re.fullmatch(r"\d+\.\d\d%", art[12]) and float(art[14]) > 0  # quantize s
+    assert art[1] == "as typed" and re.fullmatch(r"\d+\.\d\d%", art[13]) and float(art[16]) > 0  # quantize s
+    assert re.fullmatch(r"\d+\.\d\d%", art[14])  # standardized error
     assert re.search(r"`embed` of the w8a8-smoothquant artifact, as typed: vs fair-esm's loop \d+\.\d\dx "
                      r"\(goal >= 2\.5x: (met|missed)\)", out)
     assert re.search(r"kernel time <= 5% of wall in every as-typed row: (met|missed)", out)

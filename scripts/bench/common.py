@@ -182,6 +182,11 @@ class Measured:
         return self.peak_rss_kib / 2 ** 20
 
     @property
+    def cpu_s(self) -> float:
+        """User plus system CPU seconds: what the process cost the machine, whatever its thread count."""
+        return self.user_s + self.sys_s
+
+    @property
     def kernel_share(self) -> float:
         """System (kernel) CPU time as a share of wall time."""
         return self.sys_s / self.wall_s if self.wall_s > 0 else float("nan")

@@ -9,7 +9,11 @@ interleaved rounds in rotating order; the median is kept. Rows:
 * anchors: fair-esm's ``extract.py`` (FP32; ``loops/extract.py``) and the same with ``quantize_dynamic``;
   transformers ``EsmModel`` SDPA in FP32 and, where the CPU has bf16 (avx512_bf16 or amx_bf16), BF16, over the
   embed command's batches (``loops/hf_loop.py``); our ONNX export of the recommended artifact in ONNX Runtime;
-  torchao's PT2E static W8A8 (``X86InductorQuantizer``) compiled by inductor;
+  torchao's PT2E static W8A8 (``X86InductorQuantizer``) compiled by inductor; OpenVINO (``loops/ov_loop.py``, the
+  HF loop's batches and output) on an IR converted from the HF folder: FP32 (``INFERENCE_PRECISION_HINT`` f32),
+  its default config (bf16 where the CPU has it) and NNCF's INT8 (SmoothQuant, ``--ov-calib-seqs`` calibration
+  sequences); the conversion and NNCF are whole processes made once (``loops/ov_convert.py``), their seconds in
+  the "quantize s" column (the INT8 row's: conversion plus NNCF);
 * as typed: ``ptq-protein embed CKPT FASTA --out DIR`` (and ``--dtype bfloat16``), and for each recipe
   ``ptq-protein quantize CKPT --preset R --out ART`` (its own column) then ``ptq-protein embed ART FASTA --out
   DIR``; the HF-folder route: ``embed HF_FOLDER`` and the recommended recipe quantized from that folder;
@@ -21,6 +25,7 @@ Model: a random ESM-2 checkpoint in fair-esm's published layout and the same wei
 
     python -m scripts.bench embed --quick                 # tiny model, 8 short sequences, every row once but torchao's
     python -m scripts.bench embed --quick --rows pt2e     # torchao's row alone (a cold compile)
+    python -m scripts.bench embed --quick --rows ov32 ov ov8 hf32 fp --weights plain ln-gain   # against OpenVINO
     python -m scripts.bench embed --size 35m --threads 1 2 --isa native avx2 --reps 3
 """
 
@@ -34,9 +39,9 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Union
 
-from bench import embed_table, prepare
+from bench import embed_errors, embed_table, prepare
 from bench.common import (
     ISAS,
     bench_command,
@@ -116,17 +121,28 @@ def embed_rows(model: prepare.BenchModel, fasta: Path, calib: Path, arts: Dict, 
     return rows
 
 
+def openvino_rows(model: prepare.BenchModel, fasta: Path, irs: Mapping[str, Union[Path, str]], args) -> List[Row]:
+    """The OpenVINO anchors on ``irs`` ({row key: IR or why absent}, :func:`prepare.openvino_irs`)."""
+    labels = {"ov32": "OpenVINO FP32 (INFERENCE_PRECISION_HINT f32)", "ov": "OpenVINO, default config",
+              "ov8": f"OpenVINO INT8, NNCF (SmoothQuant alpha {args.ov_alpha:g}, {args.ov_calib_seqs} calibration "
+                     "sequences)"}
+    rows = []
+    for key, ir in irs.items():
+        cmd = (sys.executable, prepare.loop_script("ov_loop"), str(model.hf_folder), str(fasta), f"{OUT}/emb",
+               "--ir", str(ir), *(("--f32",) if key == "ov32" else ()))
+        rows.append(Row(key, labels[key], "anchor", cmd, absent=ir if isinstance(ir, str) else ""))
+    return rows
+
+
 def selected(args, key: str) -> bool:
     """Whether ``--rows`` keeps the row ``key`` (a row key, or a recipe name for that recipe's rows); fair-esm's
     loop always runs: every ratio and error is read against it."""
     return not args.rows or key == "fair" or key in args.rows or key.split(":")[-1] in args.rows
 
 
-def run_config(args, model: prepare.BenchModel, fasta: Path, calib: Path, residues: int, isa: str, threads: int,
-               scratch: Path) -> dict:
-    """One (ISA, threads) configuration: artifacts, every row, the tables and goals printed."""
-    env = child_env(threads, isa, {"TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor")})
-    print(f"\n## {model.weights}, {threads} thread(s), {isa_label(isa)}\n\n{child_cpu_facts(env)}\n", flush=True)
+def made_artifacts(args, model: prepare.BenchModel, scratch: Path, env: Mapping[str, str]) -> tuple:
+    """The selected rows' artifacts, quantized as typed, and the recommended one's ONNX export: ({(source,
+    recipe): folder}, {(source, recipe): quantize run}, the ONNX file or why there is none)."""
     recipes = [r for r in args.recipes if selected(args, f"art:ckpt:{r}") or
                (r == args.recommended and selected(args, "ort"))]
     arts, quant = prepare.artifacts({"ckpt": model.checkpoint}, recipes, scratch, env)
@@ -142,29 +158,51 @@ def run_config(args, model: prepare.BenchModel, fasta: Path, calib: Path, residu
         path = scratch / "onnx" / "model.onnx"
         done = prepare.export_onnx(arts["ckpt", args.recommended], path, env, log=scratch / "export.log")
         onnx = path if done.returncode == 0 else f"absent: ptq-protein export failed: {done.failure()}"
+    return arts, quant, onnx
+
+
+def run_config(args, model: prepare.BenchModel, fasta: Path, calib: Path, residues: int, isa: str, threads: int,
+               scratch: Path) -> dict:
+    """One (ISA, threads) configuration: artifacts, every row, the tables and goals printed."""
+    env = child_env(threads, isa, {"TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor")})
+    print(f"\n## {model.weights}, {threads} thread(s), {isa_label(isa)}\n\n{child_cpu_facts(env)}\n", flush=True)
+    arts, quant, onnx = made_artifacts(args, model, scratch, env)
+    irs, ov_runs = prepare.openvino_irs(model.hf_folder, calib, [k for k in prepare.OV_ROWS if selected(args, k)],
+                                        scratch, env, args.ov_calib_seqs, args.ov_alpha)
     rows = [r for r in embed_rows(model, fasta, calib, arts, onnx, isa, args) if selected(args, r.key)]
-    results = run_rows(rows, args.reps, scratch, env, warmup=not args.quick)
-    reference = embed_table.mean_vectors(results["fair"].out) if results.get("fair") and results["fair"].ok else {}
-    errors = {k: embed_table.mean_error(reference, r.out) if reference and r.ok else None for k, r in results.items()}
+    results = run_rows(rows + openvino_rows(model, fasta, irs, args), args.reps, scratch, env, warmup=not args.quick)
+    errors = embed_errors.row_errors(results)
+    means = {k: e.mean if e else None for k, e in errors.items()}
     ip = None if args.no_inprocess else run_child(
         "embed", ["--checkpoint", str(model.checkpoint), "--hf", str(model.hf_folder), "--fasta", str(fasta),
                   *artifact_args(arts), *([] if bf16_absent(isa) else ["--bf16"])], args.inprocess_reps, env, scratch)
     token_errors = (ip or {}).get("errors", {})
     quantize_s = {f"art:{s}:{r}": m.wall_s for (s, r), m in quant.items() if m.returncode == 0}
+    quantize_s.update(_openvino_seconds(irs, ov_runs))
     rounds = "one run each (cold)" if args.quick else f"median of {args.reps} interleaved runs after a warm-up run"
     print(f"Whole processes, {rounds}; first run: the warm-up (inductor's cache empty); errors against fair-esm's "
           f"loop FP32\n\n{embed_table.process_table(results, residues, errors, token_errors, quantize_s)}\n")
-    print("\n".join(embed_table.goals(results, args.recommended, errors, token_errors, isa == "avx2")))
+    print("\n".join(embed_table.goals(results, args.recommended, means, token_errors, isa == "avx2")))
+    print("\n".join(embed_table.openvino_points(results, errors)))
+    print(embed_table.error_line(model.weights, results, errors))
     if ip and "seconds" in ip:
         print(f"\nIn-process rows (models loaded once; median of {args.inprocess_reps} after a warm-up)\n\n"
               f"{embed_table.inprocess_table(ip)}")
     elif ip:
         print(f"\nin-process rows failed: {ip['failure']}")
-    return {"isa": isa, "threads": threads, "weights": model.weights, "inprocess": ip, "errors": errors,
-            "quantize": {f"{s}:{r}": _record(m) for (s, r), m in quant.items()},
+    return {"isa": isa, "threads": threads, "weights": model.weights, "inprocess": ip,
+            "errors": means, "standardized_errors": {k: e.standardized if e else None for k, e in errors.items()},
+            "quantize": {**{f"{s}:{r}": _record(m) for (s, r), m in quant.items()},
+                         **{f"openvino:{step}": _record(m) for step, m in ov_runs.items()}},
             "rows": {k: {"label": r.row.label, "kind": r.row.kind, "status": r.status(),
                          "runs": list(map(_record, r.runs)), "first": _record(r.first) if r.first else None}
                      for k, r in results.items()}}
+
+
+def _openvino_seconds(irs: Mapping[str, Union[Path, str]], runs: Mapping[str, object]) -> Dict[str, float]:
+    """The "quantize s" of each OpenVINO row whose IR was made: the conversion, plus NNCF for the INT8 row."""
+    steps = {key: ["convert", "nncf"] if prepare.OV_ROWS[key] == "int8" else ["convert"] for key in irs}
+    return {key: sum(runs[s].wall_s for s in names) for key, names in steps.items() if not isinstance(irs[key], str)}
 
 
 def _record(m) -> dict:
@@ -188,8 +226,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--recipes", nargs="+", default=None,
                    help=f"presets quantized and embedded (default {' '.join(prepare.RECIPES)}; --quick: the first)")
     p.add_argument("--recommended", default=prepare.RECOMMENDED, help="the recipe of the ONNX, HF-folder and goal rows")
-    p.add_argument("--rows", nargs="+", default=[], help="only these row keys (hf32 hf16 dyn ort pt2e fp fp-bf16 "
-                   "hf-fp, a recipe name) besides fair-esm's loop, which always runs: default every row")
+    p.add_argument("--rows", nargs="+", default=[], help="only these row keys (hf32 hf16 dyn ort pt2e ov32 ov ov8 fp "
+                   "fp-bf16 hf-fp, a recipe name) besides fair-esm's loop, which always runs: default every row")
+    p.add_argument("--ov-calib-seqs", type=int, default=8, help="NNCF's calibration sequences for the OpenVINO INT8 "
+                   "row (the first of the calibration set, one per item; default 8, as issue 53's user)")
+    p.add_argument("--ov-alpha", type=float, default=0.5, help="NNCF SmoothQuant alpha on MatMuls (default 0.5, as "
+                   "issue 53's user; NNCF's own default is 0.95)")
     p.add_argument("--no-inprocess", action="store_true", help="skip the in-process rows")
     p.add_argument("--inprocess-reps", type=int, default=1, help="timed passes of the in-process rows after their "
                    "warm-up (default 1: no interpreter start or load to vary)")
@@ -204,8 +246,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args.seqs = args.seqs or (QUICK_SEQS if args.quick else ISSUE_SEQS)
     args.reps = args.reps or (1 if args.quick else 3)
     args.recipes = args.recipes or list(prepare.RECIPES[:1] if args.quick else prepare.RECIPES)
-    if args.seqs < 1 or args.reps < 1 or args.inprocess_reps < 1 or min(args.threads) < 1:
-        p.error("--seqs, --reps, --inprocess-reps and --threads must be positive")
+    if args.seqs < 1 or args.reps < 1 or args.inprocess_reps < 1 or min(args.threads) < 1 or args.ov_calib_seqs < 1:
+        p.error("--seqs, --reps, --inprocess-reps, --threads and --ov-calib-seqs must be positive")
     if args.recommended not in args.recipes:
         p.error(f"--recommended {args.recommended} must be one of --recipes ({' '.join(args.recipes)})")
     return args

@@ -1,49 +1,27 @@
 """The embed bench's tables: each whole-process row against the anchors, its error read from the files it wrote,
 and the goals judged; then the in-process rows.
 
-Errors: ``mean-vector error`` is ||M - M_fp||_F / ||M_fp||_F over the per-sequence mean vectors every row saved
-(M: one row per sequence), against fair-esm's loop in FP32; ``per-token error`` is the same norm over every
+Errors: ``mean-vector error`` and ``standardized error`` (``embed_errors``) over the per-sequence mean vectors
+every row saved, against fair-esm's loop in FP32; ``per-token error`` is the relative Frobenius norm over every
 residue's last-layer state of the first ``inprocess.ERROR_SEQS`` sequences, from the in-process child (a
 per-token figure would need every row to save per-token files, which is not the output work the bench times).
+CPU seconds are the child's user plus system time.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Dict, List, Mapping, Optional
+from typing import List, Mapping, Optional
 
 from bench.common import judge, markdown_table
+from bench.embed_errors import RowError
 from bench.process_rows import RowResult
 
-FAIR, HF32, HF16 = "fair", "hf32", "hf16"  # the anchors' row keys
+FAIR, HF32, HF16, OV, OV8 = "fair", "hf32", "hf16", "ov", "ov8"  # the anchors' row keys
+ACCURATE_FLOOR = 0.01  # issue 53's accurate point: error within max(1%, OpenVINO default's)
 GOAL_VS_FAIR, GOAL_VS_HF32, GOAL_VS_HF16, GOAL_ERROR, GOAL_KERNEL, GOAL_AVX2_VS_FAIR = 2.5, 2.0, 1.3, 0.02, 0.05, 2.0
 HEADER = ["row", "kind", "wall s", "first run s", "residues/s", "vs fair-esm loop", "vs HF FP32", "vs HF BF16",
-          "user s", "kernel share", "minor faults", "peak RSS GiB", "mean-vector error", "per-token error",
-          "quantize s"]
-
-
-def mean_vectors(folder: Path) -> Dict[str, "object"]:
-    """{label: mean vector} of every ``LABEL.pt`` (extract.py's format) under ``folder``."""
-    import torch
-
-    found = {}
-    for path in folder.rglob("*.pt"):
-        data = torch.load(path, weights_only=True)
-        found[data["label"]] = next(iter(data["mean_representations"].values())).float()
-    return found
-
-
-def mean_error(reference: Mapping[str, "object"], folder: Path) -> Optional[float]:
-    """Relative Frobenius error of the folder's mean vectors against ``reference`` (None if any is missing)."""
-    import torch
-
-    have = mean_vectors(folder)
-    if set(have) != set(reference):
-        return None
-    labels = sorted(reference)
-    a = torch.stack([reference[k] for k in labels])
-    b = torch.stack([have[k] for k in labels])
-    return float((b - a).norm() / a.norm())
+          "user s", "CPU s", "kernel share", "minor faults", "peak RSS GiB", "mean-vector error",
+          "standardized error", "per-token error", "quantize s"]
 
 
 def _ratio(result: RowResult, anchor: Optional[RowResult]) -> str:
@@ -53,10 +31,10 @@ def _ratio(result: RowResult, anchor: Optional[RowResult]) -> str:
 
 
 def _pct(value: Optional[float]) -> str:
-    return "" if value is None else f"{100 * value:.2f}%"
+    return "" if value is None or value != value else f"{100 * value:.2f}%"
 
 
-def process_table(results: Mapping[str, RowResult], residues: int, errors: Mapping[str, Optional[float]],
+def process_table(results: Mapping[str, RowResult], residues: int, errors: Mapping[str, Optional[RowError]],
                   token_errors: Mapping[str, float], quantize_s: Mapping[str, float]) -> str:
     """One markdown row per whole-process row (absent and failed rows say why)."""
     anchors = {key: results.get(key) for key in (FAIR, HF32, HF16)}
@@ -66,11 +44,12 @@ def process_table(results: Mapping[str, RowResult], residues: int, errors: Mappi
             rows.append([r.row.label, r.row.kind, r.status()] + [""] * (len(HEADER) - 3))
             continue
         first = f"{r.first.wall_s:.1f}" + (" (compiles)" if r.row.compiles else "") if r.first else ""
-        wall = r.median("wall_s")
+        wall, error = r.median("wall_s"), errors.get(key)
         rows.append([r.row.label, r.row.kind, f"{wall:.1f}", first, f"{residues / wall:.0f}",
                      *(_ratio(r, anchors[a]) for a in (FAIR, HF32, HF16)), f"{r.median('user_s'):.1f}",
-                     f"{100 * r.median('kernel_share'):.1f}%", f"{r.median('minor_faults'):.0f}",
-                     f"{r.peak_rss_gib:.2f}", _pct(errors.get(key)), _pct(token_errors.get(key)),
+                     f"{r.median('cpu_s'):.1f}", f"{100 * r.median('kernel_share'):.1f}%",
+                     f"{r.median('minor_faults'):.0f}", f"{r.peak_rss_gib:.2f}", _pct(error and error.mean),
+                     _pct(error and error.standardized), _pct(token_errors.get(key)),
                      f"{quantize_s[key]:.1f}" if key in quantize_s else ""])
     return markdown_table(HEADER, rows)
 
@@ -116,6 +95,42 @@ def goals(results: Mapping[str, RowResult], recommended: str, errors: Mapping[st
     else:
         lines.append(f"- no as-typed artifact row has error <= {100 * GOAL_ERROR:.0f}%")
     return lines
+
+
+def openvino_points(results: Mapping[str, RowResult], errors: Mapping[str, Optional[RowError]]) -> List[str]:
+    """Issue 53's two points against the OpenVINO rows that ran (CPU: user + system seconds; error: mean-vector):
+    fast, some as-typed row with CPU <= ov8's and error <= ov8's; accurate, some as-typed row with error <=
+    max(1%, ov's) and CPU <= ov's. Each line names the rows on the point, or the gap of the nearest."""
+    ours = {k: r for k, r in results.items() if r.row.kind == "as typed" and r.ok and errors.get(k)}
+    lines = []
+    for point, anchor, floor in (("fast", OV8, 0.0), ("accurate", OV, ACCURATE_FLOOR)):
+        a, a_error = results.get(anchor), errors.get(anchor)
+        if a is None or not a.ok or a_error is None:
+            lines.append(f"- {point} point: not judged ({anchor} did not run here)")
+            continue
+        cpu, bound = a.median("cpu_s"), max(floor, a_error.mean)
+        rule = f"CPU <= {anchor}'s {cpu:.1f} s and mean-vector error <= {100 * bound:.2f}%"
+        accurate = {k: r.median("cpu_s") for k, r in ours.items() if errors[k].mean <= bound}
+        on = [results[k].row.label for k, c in accurate.items() if c <= cpu]
+        if on:
+            lines.append(f"- {point} point ({rule}): on it: {', '.join(on)}")
+        elif accurate:
+            best = min(accurate, key=accurate.get)
+            lines.append(f"- {point} point ({rule}): none; nearest {results[best].row.label}, error within the "
+                         f"bound at {accurate[best] / cpu:.2f}x {anchor}'s CPU")
+        elif ours:
+            best = min(ours, key=lambda k: errors[k].mean)
+            lines.append(f"- {point} point ({rule}): none; no as-typed row within the error bound (lowest: "
+                         f"{results[best].row.label} at {100 * errors[best].mean:.2f}%)")
+        else:
+            lines.append(f"- {point} point ({rule}): none; no as-typed row ran")
+    return lines
+
+
+def error_line(weights: str, results: Mapping[str, RowResult], errors: Mapping[str, Optional[RowError]]) -> str:
+    """One line for this weights shape: every row's mean-vector / standardized error."""
+    cells = [f"{key} {_pct(e.mean)} / {_pct(e.standardized)}" for key, e in errors.items() if e is not None]
+    return f"- errors on {weights} weights (mean-vector / standardized): {'; '.join(cells) or 'none measured'}"
 
 
 def inprocess_table(data: Mapping[str, object]) -> str:

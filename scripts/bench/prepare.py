@@ -10,11 +10,12 @@ Random weights (``scripts/make_random_checkpoints.py``): a toolkit measurement, 
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from bench.common import SCRIPTS, Measured, run_measured, write_fasta
 
@@ -139,3 +140,36 @@ def artifacts(model_paths: Mapping[str, Path], recipes: Sequence[str], scratch: 
             if done.returncode == 0:
                 made[source, recipe] = out
     return made, runs
+
+
+OV_ROWS = {"ov32": "fp32", "ov": "fp32", "ov8": "int8"}  # the OpenVINO rows and the IR each runs
+
+
+def openvino_absent(int8: bool) -> str:
+    """'' when this interpreter imports openvino (and nncf, for ``int8``), else why the OpenVINO row is absent."""
+    missing = [name for name in ("openvino", "nncf")[:1 + int8] if not importlib.util.find_spec(name)]
+    return f"absent: {' and '.join(missing)} not installed (pip install ptq-protein[openvino])" if missing else ""
+
+
+def openvino_irs(hf_folder: Path, calib: Path, keys: Sequence[str], scratch: Path, env: Mapping[str, str],
+                 calib_seqs: int, alpha: float) -> Tuple[Dict[str, Union[Path, str]], Dict[str, Measured]]:
+    """The IRs the OpenVINO rows ``keys`` (of :data:`OV_ROWS`) run, made once as an OpenVINO user makes them
+    (``loops/ov_convert.py``: the HF folder converted to an FP32 IR, then NNCF INT8 of it), whole processes:
+    {row key: IR, or why the row is absent}, and each run's measurement ("convert", "nncf")."""
+    script = [sys.executable, loop_script("ov_convert"), str(hf_folder)]
+    irs = {"convert": scratch / "ov" / "fp32.xml", "nncf": scratch / "ov" / "int8.xml"}
+    steps = {"convert": [str(irs["convert"])],
+             "nncf": [str(irs["nncf"]), "--nncf", str(irs["convert"]), "--calib", str(calib),
+                      "--calib-seqs", str(calib_seqs), "--alpha", str(alpha)]}
+    runs: Dict[str, Measured] = {}
+    found: Dict[str, Union[Path, str]] = {}
+    for key in keys:
+        needed = ["convert", "nncf"] if OV_ROWS[key] == "int8" else ["convert"]
+        why = openvino_absent(len(needed) > 1)
+        for step in needed:
+            if not why and step not in runs:
+                runs[step] = run_measured([*script, *steps[step]], env, log=scratch / f"ov-{step}.log")
+            if not why and runs[step].returncode:
+                why = f"absent: {step} failed: {runs[step].failure()}"
+        found[key] = why or irs[needed[-1]]
+    return found, runs

@@ -156,13 +156,20 @@ def main(argv=None):
         if args.bf16:
             model = model.to(torch.bfloat16)
         forward = pt2e_forward(model, tokenizer, args.pt2e) if args.pt2e else eager_forward(model)
-    args.output_dir.mkdir(parents=True, exist_ok=True)
+    embed_fasta(args.fasta, tokenizer, forward, layers, args.output_dir)
+
+
+def embed_fasta(fasta, tokenizer, forward, layers, output_dir):
+    """The loop every engine shares: :func:`batches_of`, ``forward(ids, mask)`` (a (batch, length, D) tensor), and
+    per sequence ``LABEL.pt`` with the mean over its residues (BOS/EOS and padding left out), under key ``layers``."""
+    output_dir = pathlib.Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
-        for labels, lengths, ids, mask in batches_of(read_fasta(args.fasta), tokenizer):
+        for labels, lengths, ids, mask in batches_of(read_fasta(fasta), tokenizer):
             hidden = forward(ids, mask)
             for i, (label, n) in enumerate(zip(labels, lengths)):
                 mean = hidden[i, 1:n + 1].float().mean(0).clone()
-                torch.save({"label": label, "mean_representations": {layers: mean}}, args.output_dir / f"{label}.pt")
+                torch.save({"label": label, "mean_representations": {layers: mean}}, output_dir / f"{label}.pt")
 
 
 if __name__ == "__main__":
