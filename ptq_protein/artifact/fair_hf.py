@@ -27,7 +27,7 @@ models other than ESM-2.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -43,9 +43,9 @@ TRANSFORMERS_FAMILY = "hf-esm"  # the adapter family of EsmForMaskedLM
 _PROBE = "LAGVSERTIDPKQNFYMHWCXBUZO"  # every letter the ESM alphabet has a token for
 
 
-def load_as_transformers(path: Union[str, Path], device: str = "cpu") -> nn.Module:
+def load_as_transformers(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = None) -> nn.Module:
     """The artifact as a transformers model: ``pp.load``'s model, or for a fair-esm ESM-2 artifact the same
-    quantized modules in an ``EsmForMaskedLM`` (see the module docstring)."""
+    quantized modules in an ``EsmForMaskedLM`` (see the module docstring); ``backend`` as ``pp.load`` takes it."""
     from ptq_protein.nn.int_exec import parse_engine, set_engine
 
     path = Path(path)
@@ -53,7 +53,8 @@ def load_as_transformers(path: Union[str, Path], device: str = "cpu") -> nn.Modu
     if recipe["architecture"].get("library") == "fair-esm":
         _check_tokenizer(path)
         recipe, tensors = fair_recipe_as_hf(recipe, tensors, path / RECIPE)
-    return set_engine(build_from_recipe(recipe, tensors, path, device=device).eval().to(device), parse_engine("auto"))
+    model = build_from_recipe(recipe, tensors, path, device=device, backend=backend)
+    return set_engine(model.eval().to(device), parse_engine("auto"))
 
 
 def fair_recipe_as_hf(recipe: Dict[str, Any], tensors: Dict[str, torch.Tensor], where: Path

@@ -328,6 +328,15 @@ def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = N
     return set_engine(model.eval().to(device), engine)
 
 
+def verified_recipe(path: Union[str, Path]) -> Dict[str, Any]:
+    """The artifact's recipe after every seal check, without reading its tensors (an engine that caches what it
+    built from them checks first that they are still the sealed ones)."""
+    path = Path(path)
+    recipe = _read_recipe(path)
+    _verify(path, recipe)
+    return recipe
+
+
 def read_verified(path: Path) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]]:
     """The artifact's recipe and tensors, each checked against the seal (see the module docstring)."""
     recipe = _read_recipe(path)

@@ -64,6 +64,10 @@ def register(subparsers) -> None:
                    help="memory the run may use, e.g. 8G (default: what this machine has available)")
     add_duplicates_option(p)
     add_backend_option(p)
+    p.add_argument("--engine", choices=["torch", "openvino"], default="torch",
+                   help="what runs an artifact: torch (default; oneDNN integer GEMMs) or openvino (pip install "
+                        "'ptq-protein[openvino]'; ESM-2 artifacts on CPUs with VNNI or AMX: int8 GEMMs from the "
+                        "artifact's codes, float parts in bfloat16 where the CPU has it unless --dtype float32)")
     add_model_options(p)
     add_runtime_options(p)
     p.set_defaults(func=run)
@@ -84,21 +88,63 @@ def run(args: argparse.Namespace) -> int:
 
         require_h5py()
     artifact = check_model_or_artifact(args, "embed")
+    openvino = _check_engine(args, artifact, options)
     shard = choose_shard(args.shard)
     device = rank_device(resolve_device(args.device))
     check_budget(max_memory, resident_bytes(), "before loading the model")
     changes: dict = {}
     records = fasta_labels(args.fasta, args.duplicates, changes)
     job = EmbedRun(records, args.out, options, shard,
-                   {"backend": run_backend(args, artifact, device), "dtype": args.dtype or "float32"},
-                   model_hint=model_hint(args, artifact))
-    model, identity = load_model_or_artifact(args, artifact, device)
+                   _run_record(args, artifact, device, openvino), model_hint=model_hint(args, artifact))
+    model, identity = _load_openvino(args, options) if openvino else load_model_or_artifact(args, artifact, device)
     report = job.run(model, identity, max_memory, show_progress=show_progress(args))
     _summary(report, args.out, shard)
     say_input_changes("embed", input_notes(records, changes))
     for reason in report.refused.values():
         print(f"ptq-protein embed: not embedded: {printable(reason)}", file=sys.stderr)
     return 2 if report.refused else 0
+
+
+def _check_engine(args: argparse.Namespace, artifact: bool, options) -> bool:
+    """True for --engine openvino, refused in one line (before any load) where it cannot run."""
+    if args.engine != "openvino":
+        return False
+    from ptq_protein.interop.openvino_engine import check_request, why_not
+    from ptq_protein.support.errors import InputError
+
+    if not artifact:
+        raise InputError(f"--engine openvino runs artifacts; {args.model} is a float model: quantize it first "
+                         "(ptq-protein quantize MODEL --out ART), or drop --engine")
+    if args.backend:
+        raise InputError("--backend chooses torch's path for an artifact; drop it with --engine openvino")
+    why = why_not(resolve_device(args.device))
+    if why:
+        raise InputError(why)
+    check_request(options.include)
+    return True
+
+
+def _run_record(args: argparse.Namespace, artifact: bool, device: str, openvino: bool) -> dict:
+    """What computed the outputs, recorded in the output folder (a rerun computing otherwise is refused)."""
+    if openvino:
+        return {"backend": "openvino", "dtype": args.dtype or "openvino-default"}
+    return {"backend": run_backend(args, artifact, device), "dtype": args.dtype or "float32"}
+
+
+def _load_openvino(args: argparse.Namespace, options):
+    """The artifact compiled by OpenVINO, said in one log line, and its identity."""
+    import logging
+    from pathlib import Path
+
+    import torch
+
+    from ptq_protein.cli.models_arg import artifact_identity
+    from ptq_protein.interop.openvino_engine import load_openvino
+
+    model = load_openvino(Path(args.model), layers=options.repr_layers if options.wants_representations else (),
+                          logits="logits" in options.include, dtype=args.dtype, threads=torch.get_num_threads())
+    logging.getLogger(__name__).info("running %s", model.engine_words)
+    return model, artifact_identity(args.model)
 
 
 def _summary(report, out: str, shard) -> None:

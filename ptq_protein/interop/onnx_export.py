@@ -141,14 +141,15 @@ def _unexpressible(module: nn.Module) -> Optional[str]:
     return None
 
 
-def _swap_sites(model: nn.Module, rows: SpecialRows) -> None:
+def _swap_sites(model: nn.Module, rows: SpecialRows, linear: type = OnnxLinear, act: type = OnnxActQuant) -> None:
+    """Each quantized site as its exportable form (``linear``/``act``: the ONNX QDQ ones, or OpenVINO's)."""
     from ptq_protein.calibration.sites import set_module
 
     for name, module in list(model.named_modules()):
         if isinstance(module, QuantLinear):
-            set_module(model, name, OnnxLinear(module, rows))
+            set_module(model, name, linear(module, rows))
         elif isinstance(module, QuantInput):
-            module.input_quant = OnnxActQuant(module.input_quant, rows)
+            module.input_quant = act(module.input_quant, rows)
 
 
 class _Exported(nn.Module):

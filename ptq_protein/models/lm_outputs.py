@@ -70,7 +70,10 @@ class LMInfo:
 
 
 def lm_info(model: nn.Module) -> LMInfo:
-    """:class:`LMInfo` of a fair-esm ``ESM2`` or a transformers ESM language model; ``TypeError`` otherwise."""
+    """:class:`LMInfo` of a fair-esm ``ESM2`` or a transformers ESM language model, or the one a compiled engine
+    declares (``model.lm_info``); ``TypeError`` otherwise."""
+    if isinstance(getattr(model, "lm_info", None), LMInfo):
+        return model.lm_info
     if _is_fair_esm(model):
         args = getattr(model, "args", None)  # ESM-1b / ESM-1v keep their sizes in args
 
@@ -130,6 +133,9 @@ def lm_forward(model: nn.Module, tokens: torch.Tensor, repr_layers: Sequence[int
     """
     from ptq_protein.models.adapters import _device_of
 
+    engine = getattr(model, "engine_outputs", None)  # a compiled engine (interop.openvino_engine) runs itself
+    if engine is not None:
+        return engine(tokens, repr_layers, contacts=contacts, logits=logits)
     info = lm_info(model)
     device = _device_of(model)
     tokens = tokens.to(device)
