@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 from torch import nn
 
+from ptq_protein.eval.bench.fold_progress import fold_progress
 from ptq_protein.models.adapters import Batch, ModelAdapter, get_adapter
 from ptq_protein.support.progress import progress as progress_of
 
@@ -82,7 +83,8 @@ def reference_outputs(fp_model: nn.Module, sequences: Sequence[str], adapter: Mo
     refs = []
     for seq in progress_of(sequences, "fidelity check: FP references", "sequences", show=progress):
         batch = adapter.make_batch([seq])
-        out = adapter.forward(fp_model, batch)
+        with fold_progress(fp_model, f"fidelity check: FP fold of {len(seq)} residues", show=progress):
+            out = adapter.forward(fp_model, batch)
         plddt = out["plddt"] if _is_structure(out) else None
         refs.append(Reference(batch, main_output(out), plddt, _has_logits(out)))
     return refs
@@ -97,7 +99,8 @@ def compare_to_reference(q_model: nn.Module, references: Sequence[Reference],
     adapter = adapter or get_adapter(q_model)
     rel, agree, ca_rmsd, tm, dplddt = [], [], [], [], []
     for ref in progress_of(references, "fidelity check: quantized model", "sequences", show=progress):
-        out_q = adapter.forward(q_model, ref.batch)
+        with fold_progress(q_model, "fidelity check: quantized fold", show=progress):
+            out_q = adapter.forward(q_model, ref.batch)
         oth = main_output(out_q)
         if ref.plddt is not None:
             ca_fp, ca_q = ref.output[0, :, 1].double(), oth[0, :, 1].double()  # atom14 index 1 = CA

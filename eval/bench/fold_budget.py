@@ -11,10 +11,13 @@ returned first) when that is more than the model's runtime and weights.
 
 While each fold runs, its own peak is polled (:class:`~ptq_protein.support.rss_peak.PeakSampler`: the
 process's resident size read every 5 ms; the kernel's peak mark, which ``/usr/bin/time`` and
-``ru_maxrss`` report, is never reset). A fold that peaked more than :data:`TOLERANCE` over
-its prediction, or over the budget, is reported in one line, and every later fold of that
-model in this process is planned with the measured ratio as a margin, so the same miss
-cannot repeat in a run of many sequences.
+``ru_maxrss`` report, is never reset). Every later fold of that model in this process is planned
+with the largest measured ratio of peak to prediction as a margin, so a miss cannot repeat in a
+run of many sequences. A warning is said only where the memory check changes something: a fold
+whose peak went over the budget, and a fold whose plan (chunk size, or a refusal) the margin
+changed. A peak over its prediction that changes no plan is logged at debug level only: the
+prediction is an estimate (:data:`TOLERANCE`), and with a budget far above the need a miss of
+any size changes nothing, so a warning there would only be noise.
 """
 
 from __future__ import annotations
@@ -74,12 +77,15 @@ def planned_fold(model: nn.Module, length: int, max_memory: Optional[int] = None
     room = int(budget / margin)  # an earlier fold of this model peaked above its prediction: keep that margin
     plan = choose_plan(dims, length, room, pair_bits=bits, chunks=chunks, resident=resident)
     if plan is None:
-        raise FoldRefused(_refusal(model, length, room, bits, min(c for c in chunks if c is not None), resident))
+        raise FoldRefused(_refusal(model, length, room, bits, min(c for c in chunks if c is not None), resident)
+                          + _margin_note(margin))
     predicted = predict_peak(dims, plan, resident)
+    unmargined = plan if margin == 1.0 else choose_plan(dims, length, budget, pair_bits=bits, chunks=chunks,
+                                                        resident=resident)
     if plan.chunk != own:
-        log.warning("%d residues: predicted peak %.1f GiB within the %.1f GiB budget with %s (the model's: %s)",
+        log.warning("%d residues: predicted peak %.1f GiB within the %.1f GiB budget with %s (the model's: %s)%s",
                     length, predicted * margin / _GIB, budget / _GIB, plan.describe(),
-                    "unchunked" if own is None else own)
+                    "unchunked" if own is None else own, "" if unmargined == plan else _margin_note(margin))
     trunk.set_chunk_size(plan.chunk)
     sampler = PeakSampler()
     try:
@@ -91,22 +97,32 @@ def planned_fold(model: nn.Module, length: int, max_memory: Optional[int] = None
 
 
 def _check_peak(model: nn.Module, length: int, predicted: int, budget: int, peak: Optional[int]) -> None:
-    """Compare the fold's polled peak with its prediction and its budget, in one warning line when either is
-    exceeded; keep the ratio to the prediction as this model's margin when above 1."""
+    """Keep the fold's polled peak over its prediction as this model's margin (when above the last); warn in one
+    line only when the peak went over the budget. Over the prediction yet within the budget, the plan this fold
+    ran was still the right one (a plan fits as long as its peak does), so that is said at debug level only;
+    a later fold whose plan the margin changes says so when it is planned (:func:`planned_fold`)."""
     if not peak or not predicted:
         return
     ratio = peak / predicted
     if ratio > _MARGINS.get(model, 1.0):
         _MARGINS[model] = ratio
-    said = [f"{100 * (ratio - 1):.0f}% over its predicted {predicted / _GIB:.2f} GiB"] if ratio > TOLERANCE else []
-    if peak > budget:
-        over = 100 * (peak / budget - 1)
-        said.append(f"{over:.0f}% over the {budget / _GIB:.2f} GiB memory budget (--max-memory, or by default "
-                    "90% of what the machine had available)")
-    if said:
-        margin = "; later folds in this run are planned with that margin" if ratio > 1 else ""
-        log.warning("%d residues: this fold peaked at %.2f GiB (polled), %s%s", length, peak / _GIB,
-                    " and ".join(said), margin)
+    missed = f"{100 * (ratio - 1):.0f}% over its predicted {predicted / _GIB:.2f} GiB" if ratio > 1 else ""
+    if peak <= budget:
+        if missed:
+            log.debug("%d residues: this fold peaked at %.2f GiB (polled), %s, within the %.2f GiB budget", length,
+                      peak / _GIB, missed, budget / _GIB)
+        return
+    said = [missed] if ratio > TOLERANCE else []
+    said.append(f"{100 * (peak / budget - 1):.0f}% over the {budget / _GIB:.2f} GiB memory budget (--max-memory, "
+                "or by default 90% of what the machine had available)")
+    later = "; later folds in this run are planned with that margin" if ratio > 1 else ""
+    log.warning("%d residues: this fold peaked at %.2f GiB (polled), %s%s", length, peak / _GIB, " and ".join(said),
+                later)
+
+
+def _margin_note(margin: float) -> str:
+    return (f" (planned with a {100 * (margin - 1):.0f}% margin: an earlier fold in this run peaked that far over "
+            "its prediction)")
 
 
 def resident_before_fold() -> int:

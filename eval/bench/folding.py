@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ptq_protein.eval.bench.fold_budget import FoldRefused, planned_fold
+from ptq_protein.eval.bench.fold_progress import fold_progress
 from ptq_protein.support.errors import InputError
 from ptq_protein.support.file_reads import read_json
 from ptq_protein.support.io_utils import atomic_write_text, check_out_path, file_lock, folder_lock, safe_stem
@@ -40,17 +41,20 @@ class Folded(NamedTuple):
 
 @torch.no_grad()
 def fold_output(model: nn.Module, sequence: str, num_recycles: Optional[int] = None,
-                max_memory: Optional[int] = None) -> Dict[str, torch.Tensor]:
+                max_memory: Optional[int] = None, progress: Optional[str] = None) -> Dict[str, torch.Tensor]:
     """ESMFold's outputs for one sequence, in float32, pLDDT on 0-100.
 
     Checked first against the memory model (:func:`~ptq_protein.eval.bench.fold_budget.planned_fold`):
     the largest chunk size within ``max_memory`` bytes (default: what the machine has available)
     is used, and a sequence that cannot fit raises :class:`FoldRefused` before anything runs.
+    ``progress``: the label of a log line at least every 30 s of a long fold
+    (:func:`~ptq_protein.eval.bench.fold_progress.fold_progress`); None: silent.
     """
     from ptq_protein.models.adapters import HFEsmFoldAdapter
 
     adapter = HFEsmFoldAdapter(model)
-    with planned_fold(model, len(sequence), max_memory):
+    with planned_fold(model, len(sequence), max_memory), \
+            fold_progress(model, progress or "", num_recycles, show=progress is not None):
         output = adapter.forward(model, adapter.make_batch([sequence]), num_recycles=num_recycles)
     # float32 for the PDB writer: transformers converts through numpy, which has no bfloat16
     output = {k: v.float() if v.is_floating_point() else v for k, v in output.items() if torch.is_tensor(v)}
@@ -171,7 +175,8 @@ def _fold_all(model: nn.Module, records: Sequence[Tuple[str, str]], paths: Dict[
     written = {}
     for seq_id, seq in items:
         try:
-            output = fold_output(model, seq, *run)
+            output = fold_output(model, seq, *run, progress=f"folding {seq_id} ({len(seq)} residues)"
+                                 if progress else None)
         except FoldRefused as err:  # this one cannot fit: the others go on
             refused[seq_id] = f"{seq_id}: {err}"
             log.debug("not folded: %s", refused[seq_id])

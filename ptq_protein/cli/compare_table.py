@@ -64,12 +64,13 @@ def comparison_lines(comparison: Dict[str, Any], demo: bool) -> List[str]:
     if not any(key in r for r in rows):  # a trunk without a head (EsmModel): hidden states, no top-1 to agree on
         key, label = "", ""
     width = max(len("recipe"), *(len(r["recipe"]) for r in rows))
-    lines.append(f"  {'recipe':<{width}}  bits W/A  rel. error  {label}".rstrip())
-    for row in rows:
-        bits = f"{_bits(row['weight_bits'])}/{_bits(row['activation_bits'])}"
+    bits = [row_bits(row) for row in rows]
+    bits_width = max(len("bits W/A"), *map(len, bits))
+    lines.append(f"  {'recipe':<{width}}  {'bits W/A':>{bits_width}}  rel. error  {label}".rstrip())
+    for row, shown in zip(rows, bits):
         last = f"  {row[key]:>{len(label)}.4f}" if key else ""
         outside = (row.get("verdict") or {}).get("within") is False
-        lines.append(f"  {row['recipe']:<{width}}  {bits:>8}  {row['relative_error']:>10.4f}{last}"
+        lines.append(f"  {row['recipe']:<{width}}  {shown:>{bits_width}}  {row['relative_error']:>10.4f}{last}"
                      + ("  << outside its bound" if outside else ""))
         if "avg_bits" in row:
             lines.append(f"  note: {row['recipe']} is a mixed plan: widths per unit as shown, {row['avg_bits']:.2f} "
@@ -80,6 +81,17 @@ def comparison_lines(comparison: Dict[str, Any], demo: bool) -> List[str]:
         if (row.get("verdict") or {}).get("within") is False:
             lines.append(f"  note: {verdict_line(row['recipe'], row['verdict'])}")
     return lines
+
+
+def row_bits(row: Dict[str, Any]) -> str:
+    """A row's "bits W/A" cell: the stored widths, then the trunk's dtype where it runs its own (``bf16-trunk``:
+    ``fp/fp, trunk bf16``: nothing quantized, yet not the float model either)."""
+    bits = f"{_bits(row['weight_bits'])}/{_bits(row['activation_bits'])}"
+    trunk = row.get("trunk_dtype")
+    return bits if trunk is None else f"{bits}, trunk {_DTYPE_SHORT.get(trunk, trunk)}"
+
+
+_DTYPE_SHORT = {"bfloat16": "bf16", "float16": "fp16"}
 
 
 def _bits(value: Union[int, str, None]) -> str:

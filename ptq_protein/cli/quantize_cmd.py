@@ -77,7 +77,8 @@ def _recipe_name(args: argparse.Namespace) -> str:
     if args.preset is not None and not args.preset.strip():
         raise ValueError("--preset '' names no recipe; give a preset name ('ptq-protein presets' lists them) "
                          "or omit it")
-    name = args.preset if args.preset is not None else preset_for_bits(args.bits if args.bits is not None else 8)
+    name = args.preset if args.preset is not None else \
+        preset_for_bits(args.bits if args.bits is not None else 8, _family_hint(args))
     from ptq_protein.artifact.save_load import check_saveable
 
     check_saveable(get_preset(name))  # validate early, before any model is loaded or calibrated
@@ -364,8 +365,17 @@ def _print_summary(summary: dict, demo: bool) -> None:
         print_comparison(summary["comparison"], demo)
 
 
+def _family_hint(args: argparse.Namespace) -> Optional[str]:
+    """The model's family where it is known before loading (names, HF folders), so that --bits' recipe and the
+    default --out are the ones used, and checked before the load; None: decided after it (:func:`_family_default`)."""
+    from ptq_protein.models.loading import family_before_loading
+
+    return family_before_loading(args.model, args.weights)
+
+
 def _family_default(args: argparse.Namespace, loaded, recipe: str, budget, out: Path):
-    """(recipe, out): --bits' recipe for the loaded model's family (ESMFold's 8-bit default differs)."""
+    """(recipe, out): --bits' recipe for the loaded model's family (ESMFold's 8-bit default differs), where the
+    family was not known before loading (:func:`_family_hint`); the default --out follows the recipe used."""
     from ptq_protein.artifact.save_load import check_artifact_out
     from ptq_protein.models.adapters import get_adapter
     from ptq_protein.recipes.presets import preset_for_bits

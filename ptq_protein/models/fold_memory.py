@@ -30,8 +30,31 @@ the cubic term)::
                                                trunk2sm_z) and one query-row chunk of its point attention
 
 The counts ``N_*`` were fitted to peak RSS measured on a real-width ESMFold trunk
-and on ``tiny-esmfold`` at L = 384-512 (BENCHMARKS.md, "Long sequences"); below
-about 256 residues the allocator keeps freed blocks and the runtime dominates.
+and on ``tiny-esmfold`` at L = 384-512 (BENCHMARKS.md, "Long sequences").
+
+What a process's resident size adds to the tensors alive (``live``, the largest phase above), measured
+with ``ptq-protein fold`` on a real-width random ESMFold (4 blocks, 8M stem) at 60-150 residues for the
+float model, bf16-trunk, w8a8-pwlq-stem and w8a8-pwlq with and without int8 pairs (issue 52)::
+
+    own    = FOLD_FIXED + live + HEAP_SHARE min(live, HEAP_SLACK)
+    base   = max(RUNTIME + weights + exec, resident)
+
+* ``HEAP_SLACK``: the heap keeps freed activation blocks for reuse (up to
+  :data:`~ptq_protein.support.process_memory.KEEP_FREE`), so at its peak the
+  process holds more than the live tensors, up to that cap; how much grows with the blocks and
+  recycles run (4 blocks, 4 recycles: 2.1x the live tensors at 150 residues; 1 block, 1 recycle:
+  1.3x), so ``HEAP_SHARE`` is their middle.
+* ``FOLD_FIXED``: a fold's first run (imports of the structure writer, thread workspaces).
+* ``exec``: a model with quantized activations compiles its quantizer loops on the first forward
+  (:mod:`ptq_protein.nn.fused`, about 80 MiB resident for good).
+* bf16-trunk is predicted as float32: its pair operations' tensors are bfloat16 under autocast, but
+  at 300 residues it peaked within 3% of the float fold (the triangle attention's logits and the
+  float32 state between operations dominate), so no saving is counted.
+* Activation-quantized Linears inside the pair operations (``quant_width`` channels in their widest
+  input, w8a8 recipes' pair transition: 4 c_z) run the quantizer eagerly on pair-sized inputs:
+  ``N_QUANT_TEMPS B L^2 quant_width b`` (float pairs) or ``N_QUANT_TEMPS_ROWS B r L quant_width b``
+  (int8 pairs, by row chunks) of temporaries and the heap growth they leave.
+
 The prediction is an estimate used to refuse or to choose a chunk size, never to
 change results.
 """
@@ -43,6 +66,8 @@ from typing import Optional, Sequence
 
 from torch import nn
 
+from ptq_protein.support.process_memory import KEEP_FREE
+
 __all__ = ["FoldDims", "FoldPlan", "dims_of", "predict_peak", "choose_plan", "CHUNK_CHOICES", "RUNTIME_BYTES",
            "pair_int8_vector_bytes"]
 
@@ -51,8 +76,14 @@ CHUNK_CHOICES = (None, 512, 256, 128, 64, 32, 16, 8, 4)  # tried largest first (
 PAIR_INT8_ROWS = 64  # rows a chunk of the int8 pair operations (ptq_protein.nn.pair_int8.trunk.ROWS)
 PAIR_INT8_GROUP = 16  # channels sharing a scale and offset (ptq_protein.nn.pair_int8.holder.GROUP)
 PAIR_INT8_GROUP_BYTES = 4  # a bfloat16 scale and a bfloat16 offset per group
+FOLD_FIXED_BYTES = 24 * 2 ** 20  # a fold's first run besides its tensors (imports, thread workspaces)
+HEAP_SLACK_BYTES = KEEP_FREE  # freed activation blocks the heap keeps for reuse, at most
+HEAP_SHARE = 0.7  # fitted: the share of min(live, HEAP_SLACK_BYTES) resident on top of the live tensors
+EXEC_BYTES = 80 * 2 ** 20  # measured: the compiled quantizer loops of a model with quantized activations
 # Fitted counts (see the module docstring): tensors alive at each phase's peak.
 N_PAIR = 9.5  # float pair-sized tensors: recycling inputs, the state, its update, LayerNorm, a, b, gate
+N_QUANT_TEMPS = 20.0  # [L, L, quant_width] temporaries of the eager quantizers of a float pair operation
+N_QUANT_TEMPS_ROWS = 8.0  # [r, L, quant_width] ones of an int8 pair operation's row chunk
 N_SEQ_ATT = 4.0  # [H_seq, L, L] maps of the sequence attention (bias, permuted bias, logits, softmax)
 N_TRI_ATT = 1.8  # [k, H_pair, L, L] triangle attention logits, chunked (the softmax reuses the bias sum)
 N_TRI_ATT_UNCHUNKED = 2.1  # the same, unchunked ([L, H_pair, L, L]: logits, bias sum and softmax overlap more)
@@ -78,6 +109,8 @@ class FoldDims:
     weight_bytes: int
     act_bytes: int = 4
     ipa_values: int = 600  # values per (i, j) of the IPA's point attention: heads x (6 qk points + 3 v points + 2)
+    quant_width: int = 0  # widest input (channels) of an activation-quantized Linear in a pair operation
+    exec_bytes: int = 0  # one-time bytes of the first forward (the compiled quantizer loops)
 
 
 @dataclass(frozen=True)
@@ -102,10 +135,12 @@ def dims_of(model: nn.Module, dtype_bytes: Optional[int] = None) -> FoldDims:
     weights = sum(p.numel() * p.element_size() for p in params)
     if dtype_bytes is None:
         dtype_bytes = model.trunk.recycle_z_norm.weight.element_size()
+    quantized = [m for m in model.modules() if getattr(m, "input_quant", None) is not None]
     return FoldDims(c_z=trunk.pairwise_state_dim, seq_heads=trunk.sequence_state_dim // trunk.sequence_head_width,
                     pair_heads=trunk.pairwise_state_dim // trunk.pairwise_head_width, bins=int(model.distogram_bins),
                     stem_heads=int(model.config.num_attention_heads), weight_bytes=weights, act_bytes=dtype_bytes,
-                    ipa_values=sm.num_heads_ipa * (6 * sm.num_qk_points + 3 * sm.num_v_points + 2))
+                    ipa_values=sm.num_heads_ipa * (6 * sm.num_qk_points + 3 * sm.num_v_points + 2),
+                    quant_width=_quant_width(model), exec_bytes=EXEC_BYTES if quantized else 0)
 
 
 def predict_peak(dims: FoldDims, plan: FoldPlan, resident: Optional[int] = None) -> int:
@@ -119,16 +154,28 @@ def predict_peak(dims: FoldDims, plan: FoldPlan, resident: Optional[int] = None)
     rows = n if plan.chunk is None else min(plan.chunk, n)
     tri_att = (N_TRI_ATT_UNCHUNKED if plan.chunk is None else N_TRI_ATT) * batch * dims.pair_heads * n * n * rows * b
     if plan.pair_bits is None:
-        phases = [N_PAIR * area * dims.c_z * b + N_SEQ_ATT * area * dims.seq_heads * b + tri_att,
+        phases = [N_PAIR * area * dims.c_z * b + N_SEQ_ATT * area * dims.seq_heads * b + tri_att + N_QUANT_TEMPS * area * dims.quant_width * b,
                   N_HEAD_PAIR * area * dims.c_z * b + N_BINS * area * dims.bins * b]
-    else:
+    else:  # the int8 trunk runs its triangle attentions PAIR_INT8_ROWS rows a time when the model is unchunked
+        tri_att = N_TRI_ATT * batch * dims.pair_heads * n * n * min(plan.chunk or PAIR_INT8_ROWS, n) * b
         chunk = batch * min(PAIR_INT8_ROWS, n) * n * b
         vector = pair_int8_vector_bytes(dims.c_z)
         phases = [N_PAIR_INT8 * area * vector + N_CHUNK_ROWS * chunk * dims.c_z + tri_att
-                  + area * (dims.pair_heads * b + BINS_INDEX_BYTES),
+                  + area * (dims.pair_heads * b + BINS_INDEX_BYTES) + N_QUANT_TEMPS_ROWS * chunk * dims.quant_width,
                   N_SM_INT8 * area * vector + chunk * dims.ipa_values]
     phases.append(N_STEM_ATT * batch * dims.stem_heads * (n + 2) ** 2 * b)
-    return int(max(RUNTIME_BYTES + dims.weight_bytes, resident or 0) + max(phases))
+    live = max(phases)
+    own = FOLD_FIXED_BYTES + live + HEAP_SHARE * min(live, HEAP_SLACK_BYTES)
+    return int(max(RUNTIME_BYTES + dims.weight_bytes + dims.exec_bytes, resident or 0) + own)
+
+
+def _quant_width(model: nn.Module) -> int:
+    """The widest input of an activation-quantized module inside the trunk's pair operations (0: none)."""
+    from ptq_protein.nn.trunk_dtype import PAIR_PARTS
+
+    widths = [getattr(m, "in_features", 0) for block in model.trunk.blocks for name in PAIR_PARTS
+              for m in getattr(block, name).modules() if getattr(m, "input_quant", None) is not None]
+    return max(widths, default=0)
 
 
 def pair_int8_vector_bytes(c_z: int) -> int:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import json
 import logging
 import os
 import re
@@ -59,7 +60,7 @@ from ptq_protein.models.tokens import (
 from ptq_protein.support.errors import InputError
 from ptq_protein.support.process_memory import loading
 
-__all__ = ["ModelFamily", "LoadedModel", "load_model", "locate_weights"]
+__all__ = ["ModelFamily", "LoadedModel", "load_model", "locate_weights", "family_before_loading"]
 
 logger = logging.getLogger(__name__)
 
@@ -213,6 +214,31 @@ def locate_weights(name_or_path: Union[str, os.PathLike], weights: Optional[Unio
     if weights is None and (name in TINY_MODELS or (tiny and tiny.group("name") in TINY_MODELS)):
         return None
     return _locate(name, weights)
+
+
+def family_before_loading(name_or_path: Union[str, os.PathLike],
+                          weights: Optional[Union[str, os.PathLike]] = None) -> Optional[str]:
+    """The :class:`ModelFamily` value :func:`load_model` will report, where it is known without reading weights: a
+    tiny name, ``esmfold``, fair-esm's ESMFold file, a Hugging Face folder (its config.json); None otherwise (a
+    ``.pt`` file says what it holds only once unpickled). Lets a command name its outputs before a long load."""
+    name = str(name_or_path)
+    tiny = _TINY_SEED.fullmatch(name)
+    short = tiny.group("name") if tiny else name
+    if weights is None and short in TINY_MODELS:
+        return TINY_MODELS[short].family
+    if name.split("/", 1)[-1] in resolve.ESMFOLD_NAMES:
+        return ModelFamily.HF_ESMFOLD.value
+    path = _locate(name, weights)
+    if path.name == resolve.ESMFOLD_FAIR_CHECKPOINT:
+        return ModelFamily.HF_ESMFOLD.value
+    if path.is_dir() and resolve.is_hf_folder(path):
+        try:
+            config = json.loads((path / "config.json").read_text())
+        except (OSError, ValueError):
+            return None  # the load refuses it in words
+        folding = isinstance(config, dict) and bool(config.get("is_folding_model"))
+        return (ModelFamily.HF_ESMFOLD if folding else ModelFamily.HF_ESM).value
+    return None
 
 
 def _locate(name: str, weights: Optional[Union[str, os.PathLike]]) -> Path:

@@ -6,6 +6,10 @@ carriage returns. There, one ``logging`` line at the start, then at every tenth
 of the work (at most every :data:`LINE_EVERY_S` seconds apart when steps are slow), with
 the elapsed time and an ETA, tells whoever reads the log how far it got.
 ``--quiet`` (``show=False``) silences both.
+
+Inside one long step (a fold of minutes) there is no loop to wrap: :class:`Ticker` takes the step's own
+counts (e.g. trunk blocks run) and logs a line only once :data:`LINE_EVERY_S` seconds have passed since
+the last, so a step that ends sooner says nothing.
 """
 
 from __future__ import annotations
@@ -13,9 +17,9 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Iterable, Iterator, Optional, Sequence, TypeVar
+from typing import Callable, Iterable, Iterator, Optional, Sequence, TypeVar
 
-__all__ = ["progress", "LINE_EVERY_S"]
+__all__ = ["progress", "Ticker", "LINE_EVERY_S"]
 
 log = logging.getLogger("ptq_protein.support.progress")
 
@@ -69,11 +73,40 @@ def _lines(items: Sequence[T], desc: str, unit: str, weights: Optional[Sequence[
                 next_step += 1
             elapsed = now - start
             share = done_weight / total_weight if weights is not None and total_weight else done / total
-            eta = elapsed / share * (1 - share) if share else 0.0
             rate = f", {done_weight / elapsed:.0f} {weight_unit}/s" if weights is not None and elapsed > 0 else ""
-            log.info("%s: %d/%d %s (%d%%)%s, %s elapsed%s", desc, done, total, unit, 100 * done // total, rate,
-                     _duration(elapsed), "" if done == total else f", about {_duration(eta)} left")
+            log.info("%s: %d/%d %s (%d%%)%s, %s", desc, done, total, unit, 100 * done // total, rate,
+                     _timing(elapsed, share))
             last_line = now
+
+
+class Ticker:
+    """Log lines for one long step: ``ticker(done, note)`` logs ``desc: done/total unit (note), ... left``,
+    at most once per ``interval`` seconds and never before ``interval`` has passed since the step began.
+
+    ``clock`` (seconds, monotonic) is injectable for tests.
+    """
+
+    def __init__(self, desc: str, total: int, unit: str, interval: float = LINE_EVERY_S,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        if total <= 0:
+            raise ValueError(f"Ticker total={total}: a step of at least one unit")
+        self.desc, self.total, self.unit, self.interval, self._clock = desc, total, unit, interval, clock
+        self._start = self._last = clock()
+
+    def __call__(self, done: int, note: str = "") -> None:
+        now = self._clock()
+        if now - self._last < self.interval:
+            return
+        self._last = now
+        log.info("%s: %d/%d %s%s, %s", self.desc, done, self.total, self.unit, f" ({note})" if note else "",
+                 _timing(now - self._start, done / self.total))
+
+
+def _timing(elapsed: float, share: float) -> str:
+    """``"X elapsed, about Y left"`` for ``share`` (0-1) of the work done in ``elapsed`` seconds."""
+    if share >= 1 or share <= 0:
+        return f"{_duration(elapsed)} elapsed"
+    return f"{_duration(elapsed)} elapsed, about {_duration(elapsed / share * (1 - share))} left"
 
 
 def _duration(seconds: float) -> str:

@@ -52,10 +52,11 @@ class ComparisonRow:
     activation_bits: Union[int, str, None]
     metrics: Dict[str, float] = field(default_factory=dict)
     verdict: Optional[Dict[str, Any]] = None  # workflows.fidelity_bound.verdict (None: nothing quantized)
+    trunk_dtype: Optional[str] = None  # ESMFold's trunk pair operations held and run in this dtype (QuantConfig's)
 
     def to_dict(self) -> Dict[str, Any]:
         out = {"recipe": self.recipe, "weight_bits": self.weight_bits, "activation_bits": self.activation_bits,
-               **self.metrics}
+               **({} if self.trunk_dtype is None else {"trunk_dtype": self.trunk_dtype}), **self.metrics}
         return out if self.verdict is None else {**out, "verdict": self.verdict}
 
 
@@ -102,8 +103,10 @@ def recipe_row(cfg: QuantConfig, qmodel: nn.Module, references: Sequence[Referen
     cfg = resolve_recipe(cfg).as_run(cfg, state)
     found = verdict(recipe_bound(cfg, plan), metrics)
     if plan is not None:
-        return ComparisonRow(cfg.name, *plan_widths(plan), {"avg_bits": plan.avg_bits, **metrics}, found)
-    return ComparisonRow(cfg.name, storage_bits(cfg.weights), storage_bits(cfg.activations), metrics, found)
+        return ComparisonRow(cfg.name, *plan_widths(plan), {"avg_bits": plan.avg_bits, **metrics}, found,
+                             cfg.trunk_dtype)
+    return ComparisonRow(cfg.name, storage_bits(cfg.weights), storage_bits(cfg.activations), metrics, found,
+                         cfg.trunk_dtype)
 
 
 def plan_widths(plan: MixedPlan) -> Tuple[str, str]:

@@ -2,6 +2,7 @@
 
 import json
 import random
+import re
 
 import pytest
 import torch
@@ -9,6 +10,11 @@ import torch
 from ptq_protein.cli import compare_table
 from ptq_protein.cli.main import main
 from ptq_protein.eval.bench.fidelity import fidelity_sequences
+
+
+def _cells(line):
+    """A table line's cells: columns are two or more spaces apart (the bits cell may hold one space)."""
+    return re.split(r"\s{2,}", line.strip())
 
 
 def _run(capsys, *argv):
@@ -54,9 +60,9 @@ def test_quickstart_demo_prints_the_comparison_from_one_calibration_pass(tmp_pat
     assert "toolkit check, random weights" in lines[head]
     assert lines[head + 1].startswith("on the 2 median-length calibration sequences of 6 (")
     assert lines[head + 2].split() == ["recipe", "bits", "W/A", "rel.", "error", "TM", "vs", "FP"]
-    rows = [line.split() for line in lines[head + 3:head + 7]]
-    assert [r[:2] for r in rows] == [["bf16-trunk", "fp/fp"], ["w8a8-pwlq", "8/8"], ["w8a8-uniform", "8/8"],
-                                     ["study-w8a8-pwlq", "8/9"]]
+    rows = [_cells(line) for line in lines[head + 3:head + 7]]
+    assert [r[:2] for r in rows] == [["bf16-trunk", "fp/fp, trunk bf16"], ["w8a8-pwlq", "8/8"],
+                                     ["w8a8-uniform", "8/8"], ["study-w8a8-pwlq", "8/9"]]
     for row in rows:
         rel, tm = float(row[2]), float(row[3])
         assert 0 <= rel < 1 and 0 < tm <= 1
@@ -110,16 +116,19 @@ def test_readme_quickstart_output_is_the_printed_format(capsys):
     notes = [line.split("note: ", 1)[1] for line in lines[3:] if line.lstrip().startswith("note:")]
     verdicts = {n.split("'s ", 1)[0]: n.split("(", 1)[1].rsplit(")", 1)[0] for n in notes if "is far outside" in n}
     notes = dict(n.split(" ", 1) for n in notes if "is far outside" not in n)
-    rows = [line.split("  << outside")[0].split() for line in table]
+    rows = [_cells(line.split("  << outside")[0]) for line in table]
 
     def width(text):
         return None if text == "fp" else int(text)
 
+    def trunk(cell):
+        return {"trunk_dtype": "bfloat16"} if cell.endswith(", trunk bf16") else {}
+
     comparison = {
         "sequences": {"source": "the 3 median-length calibration sequences of 50", "ids": ids,
                       "lengths": [128] * 3, "full_lengths": [200] * 3},
-        "rows": [{"recipe": r[0], "weight_bits": width(r[1].split("/")[0]),
-                  "activation_bits": width(r[1].split("/")[1]),
+        "rows": [{"recipe": r[0], "weight_bits": width(r[1].split(",")[0].split("/")[0]),
+                  "activation_bits": width(r[1].split(",")[0].split("/")[1]), **trunk(r[1]),
                   "relative_error": float(r[2]), "tm_vs_fp": float(r[3]),
                   **({"verdict": {"within": False, "outside": [verdicts[r[0]]], "bound": {"bits": 8}}}
                      if r[0] in verdicts else {})} for r in rows],
@@ -158,3 +167,29 @@ def test_a_compared_recipe_that_selects_nothing_is_refused_before_any_work(tmp_p
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "--compare study-a8-pwlq-esm" in err[0] and "selects no site" in err[0]
     assert not (tmp_path / "a").exists()
+
+
+def test_the_bits_cell_says_the_trunk_runs_in_bfloat16():
+    """bf16-trunk quantizes nothing, yet is not the float model: its cell says so; other rows keep their widths."""
+    comparison = {"sequences": {"source": "s", "ids": ["a"], "lengths": [9], "full_lengths": [9]},
+                  "rows": [{"recipe": "bf16-trunk", "weight_bits": None, "activation_bits": None,
+                            "trunk_dtype": "bfloat16", "relative_error": 0.002, "tm_vs_fp": 1.0},
+                           {"recipe": "w8a8-pwlq-stem", "weight_bits": 8, "activation_bits": 8,
+                            "trunk_dtype": "bfloat16", "relative_error": 0.01, "tm_vs_fp": 0.99},
+                           {"recipe": "w8a8-pwlq", "weight_bits": 8, "activation_bits": 8,
+                            "relative_error": 0.03, "tm_vs_fp": 0.98}],
+                  "calibration": {"notes": {}}}
+    lines = compare_table.comparison_lines(comparison, demo=False)
+    rows = [_cells(line) for line in lines[3:]]
+    assert [r[1] for r in rows] == ["fp/fp, trunk bf16", "8/8, trunk bf16", "8/8"]
+    assert len({len(line) for line in lines[3:]}) == 1  # one column width for every row
+
+
+def test_a_rows_trunk_dtype_comes_from_its_recipe():
+    from ptq_protein.recipes.presets import get_preset
+    from ptq_protein.workflows.recipe_compare import ComparisonRow
+
+    assert get_preset("bf16-trunk").trunk_dtype == "bfloat16"
+    row = ComparisonRow("bf16-trunk", None, None, {"relative_error": 0.0}, None, "bfloat16").to_dict()
+    assert row["trunk_dtype"] == "bfloat16"
+    assert "trunk_dtype" not in ComparisonRow("w8a8-pwlq", 8, 8, {}).to_dict()  # absent: as before
