@@ -121,7 +121,9 @@ def load_openvino(artifact: Path, *, layers: Sequence[int], logits: bool, dtype:
     if not (folder / "info.json").exists():
         _convert(artifact, folder, **variant)
     info = json.loads((folder / "info.json").read_text())
-    config = {"INFERENCE_NUM_THREADS": threads}
+    # no on-the-fly int8 of float inputs to int8-weight products (the BOS/EOS rows' float path, weight-only sites):
+    # OpenVINO's CPU default would quantize them per group of 32 values, which the artifact does not
+    config = {"INFERENCE_NUM_THREADS": threads, "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
     if dtype:
         config["INFERENCE_PRECISION_HINT"] = _PRECISION[dtype]
     core = ov.Core()

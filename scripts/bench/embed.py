@@ -107,11 +107,14 @@ def embed_rows(model: prepare.BenchModel, fasta: Path, calib: Path, arts: Dict, 
             Row("fp-bf16", "ptq-protein embed CKPT --dtype bfloat16", "as typed",
                 (*cli, "embed", str(model.checkpoint), str(fasta), "--out", f"{OUT}/emb", "--dtype", "bfloat16"),
                 absent=bf16)]
+    engine = prepare.openvino_absent(False) or _engine_absent()
     for recipe in args.recipes:
         art = arts.get(("ckpt", recipe))
-        rows.append(Row(f"art:ckpt:{recipe}", f"ptq-protein embed ART ({recipe})", "as typed",
-                        (*cli, "embed", str(art), str(fasta), "--out", f"{OUT}/emb"),
-                        absent="" if art else "absent: quantize failed (see the quantize line)"))
+        typed = (*cli, "embed", str(art), str(fasta), "--out", f"{OUT}/emb")
+        made = "" if art else "absent: quantize failed (see the quantize line)"
+        rows.append(Row(f"art:ckpt:{recipe}", f"ptq-protein embed ART ({recipe})", "as typed", typed, absent=made))
+        rows.append(Row(f"ov-art:ckpt:{recipe}", f"ptq-protein embed ART --engine openvino ({recipe})", "as typed",
+                        (*typed, "--engine", "openvino"), absent=made or engine))
     rows.append(Row("hf-fp", "ptq-protein embed HF_FOLDER", "as typed",
                     (*cli, "embed", str(model.hf_folder), str(fasta), "--out", f"{OUT}/emb")))
     art = arts.get(("hf", recommended))
@@ -132,6 +135,14 @@ def openvino_rows(model: prepare.BenchModel, fasta: Path, irs: Mapping[str, Unio
                "--ir", str(ir), *(("--f32",) if key == "ov32" else ()))
         rows.append(Row(key, labels[key], "anchor", cmd, absent=ir if isinstance(ir, str) else ""))
     return rows
+
+
+def _engine_absent() -> str:
+    """'' where ``embed --engine openvino`` runs on this CPU, else why its rows are absent."""
+    from ptq_protein.interop.openvino_engine import why_not
+
+    why = why_not("cpu")
+    return f"absent: {why}" if why else ""
 
 
 def selected(args, key: str) -> bool:
@@ -164,7 +175,8 @@ def made_artifacts(args, model: prepare.BenchModel, scratch: Path, env: Mapping[
 def run_config(args, model: prepare.BenchModel, fasta: Path, calib: Path, residues: int, isa: str, threads: int,
                scratch: Path) -> dict:
     """One (ISA, threads) configuration: artifacts, every row, the tables and goals printed."""
-    env = child_env(threads, isa, {"TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor")})
+    env = child_env(threads, isa, {"TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"),
+                                         "PTQ_PROTEIN_CACHE": str(scratch / "ptq-cache")})
     print(f"\n## {model.weights}, {threads} thread(s), {isa_label(isa)}\n\n{child_cpu_facts(env)}\n", flush=True)
     arts, quant, onnx = made_artifacts(args, model, scratch, env)
     irs, ov_runs = prepare.openvino_irs(model.hf_folder, calib, [k for k in prepare.OV_ROWS if selected(args, k)],

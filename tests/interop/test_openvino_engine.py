@@ -1,10 +1,13 @@
 """``--engine openvino``: an ESM-2 artifact compiled by OpenVINO computes what the artifact's simulation computes.
 
 Reference: the artifact's fake backend (the simulation of record) run in float64, a path that shares no code with
-OpenVINO's graph. Bound as for ONNX export (tests/interop/test_onnx_export.py): with float32 float parts,
-``max(1e-5, 2 x |fake float64 - fake float32|)``; in OpenVINO's default precision (bfloat16 float parts on CPUs
-with it), 3 x what a bfloat16 cast of the same simulation moves. A wrong scale, zero point, BOS/EOS rule or
-layer index costs about the quantization error itself (percents), far above either bound.
+OpenVINO's graph. Bound as for ONNX export (tests/interop/test_onnx_export.py): with float32 float parts, each
+token's state within ``max(1e-5, 2 x |fake float64 - fake float32|)``, except where OpenVINO's float LayerNorm
+or GELU rounds a value across a code boundary (a tie): that moves one code of one token by one step, so up to
+2% of the tokens may differ, by under 2% each. In OpenVINO's default precision (bfloat16 float parts on CPUs
+with it) the whole batch stays within 3 x what a bfloat16 cast of the same simulation moves. A wrong scale,
+zero point, BOS/EOS rule or layer index costs about the quantization error itself on most tokens, far above
+either bound (checked below with one scale doubled).
 """
 
 import copy
@@ -41,6 +44,13 @@ def _rel(got, want, keep):
     return ((got.double() - want)[keep].norm() / want[keep].norm()).item()
 
 
+def _agrees(got, wide, narrow, keep) -> bool:
+    """Every token but the 2% a rounding tie may move within the float32 bound, those within 2%."""
+    bound = max(FLOOR, 2 * _rel(narrow, wide, keep))
+    rows = ((got.double() - wide).norm(dim=-1) / wide.norm(dim=-1))[keep]
+    return bool((rows > bound).float().mean() <= 0.02 and rows.max() < 0.02)
+
+
 def _reference(artifact, tokens, layers, dtype=torch.float64):
     model = pp.load(artifact, backend="fake").to(dtype)
     return lm_forward(model, tokens, layers, logits=False).representations, model
@@ -56,8 +66,7 @@ def test_float32_parts_match_the_simulation(artifact, seqs, request):
     got = lm_forward(load_openvino(path, layers=[0, 1, -1], logits=False, dtype="float32", threads=1), tokens,
                      [0, 1, 2], logits=False).representations
     for layer in (0, 1, 2):
-        bound = max(FLOOR, 2 * _rel(narrow[layer], wide[layer], keep))
-        assert _rel(got[layer], wide[layer], keep) <= bound, layer
+        assert _agrees(got[layer], wide[layer], narrow[layer], keep), layer
 
 
 def test_default_precision_within_a_bfloat16_cast_of_the_simulation(fair_artifact, seqs):
@@ -79,7 +88,7 @@ def test_a_wrong_scale_is_seen(fair_artifact, seqs, tmp_path):
     pp.save(broken, tmp_path / "broken")
     got = lm_forward(load_openvino(tmp_path / "broken", layers=[-1], logits=False, dtype="float32", threads=1),
                      tokens, [2], logits=False).representations[2]
-    assert _rel(got, wide[2], keep) > max(FLOOR, 2 * _rel(narrow, wide[2], keep))
+    assert not _agrees(got, wide[2], narrow, keep)
 
 
 def test_logits_match_the_simulation(masked_lm_artifact, seqs):
@@ -89,7 +98,7 @@ def test_logits_match_the_simulation(masked_lm_artifact, seqs):
     narrow = lm_forward(model, tokens, [], logits=True).logits
     got = lm_forward(load_openvino(masked_lm_artifact, layers=[], logits=True, dtype="float32", threads=1), tokens,
                      [], logits=True).logits
-    assert _rel(got, wide, keep) <= max(FLOOR, 2 * _rel(narrow, wide, keep))
+    assert _agrees(got, wide, narrow, keep)
 
 
 def test_converted_once_and_the_seal_checked_every_time(fair_artifact, tmp_path, monkeypatch):
