@@ -28,8 +28,9 @@ def fold_progress(model: nn.Module, desc: str, num_recycles: Optional[int] = Non
                   interval: Optional[float] = None, clock: Callable[[], float] = time.perf_counter) -> Iterator[None]:
     """While the block runs, log ``desc: b/N trunk blocks (pass p/P), ... left`` at most every ``interval`` s.
 
-    ``num_recycles`` as given to the fold (None: the model's); ``interval`` None: :data:`LINE_EVERY_S`. Nothing for a model without an ESMFold trunk,
-    or when ``show`` is off. The hooks are removed on exit, whatever happens inside.
+    ``num_recycles`` as given to the fold (None: the model's); ``interval`` None: :data:`LINE_EVERY_S`. Nothing
+    for a model without an ESMFold trunk, or when ``show`` is off. The hooks are removed on exit, whatever happens
+    inside.
     """
     trunk = getattr(model, "trunk", None)
     blocks = list(getattr(trunk, "blocks", None) or [])

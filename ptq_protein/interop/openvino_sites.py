@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ptq_protein.interop.onnx_qdq import OnnxActQuant, OnnxLinear, SpecialRows, U8_SHIFT
+from ptq_protein.interop.onnx_qdq import U8_SHIFT, OnnxActQuant, OnnxLinear, SpecialRows
 from ptq_protein.nn.modules import ActQuantizer, QuantLinear
 from ptq_protein.quant.uniform import qrange
 

@@ -154,7 +154,8 @@ def predict_peak(dims: FoldDims, plan: FoldPlan, resident: Optional[int] = None)
     rows = n if plan.chunk is None else min(plan.chunk, n)
     tri_att = (N_TRI_ATT_UNCHUNKED if plan.chunk is None else N_TRI_ATT) * batch * dims.pair_heads * n * n * rows * b
     if plan.pair_bits is None:
-        phases = [N_PAIR * area * dims.c_z * b + N_SEQ_ATT * area * dims.seq_heads * b + tri_att + N_QUANT_TEMPS * area * dims.quant_width * b,
+        quant = N_QUANT_TEMPS * area * dims.quant_width * b  # quantized pair-operation inputs, eager
+        phases = [N_PAIR * area * dims.c_z * b + N_SEQ_ATT * area * dims.seq_heads * b + tri_att + quant,
                   N_HEAD_PAIR * area * dims.c_z * b + N_BINS * area * dims.bins * b]
     else:  # the int8 trunk runs its triangle attentions PAIR_INT8_ROWS rows a time when the model is unchunked
         tri_att = N_TRI_ATT * batch * dims.pair_heads * n * n * min(plan.chunk or PAIR_INT8_ROWS, n) * b
