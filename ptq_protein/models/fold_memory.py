@@ -172,7 +172,7 @@ def predict_peak(dims: FoldDims, plan: FoldPlan, resident: Optional[int] = None)
 
 def _quant_width(model: nn.Module) -> int:
     """The widest input of an activation-quantized module inside the trunk's pair operations (0: none)."""
-    from ptq_protein.nn.trunk_dtype import PAIR_PARTS
+    from ptq_protein.models.esmfold_cfg import PAIR_PARTS
 
     widths = [getattr(m, "in_features", 0) for block in model.trunk.blocks for name in PAIR_PARTS
               for m in getattr(block, name).modules() if getattr(m, "input_quant", None) is not None]

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ptq_protein.models import float_dtypes
+from ptq_protein.models import esmfold_cfg, float_dtypes
 from ptq_protein.nn.backend_choice import cpu_flags
 
 __all__ = ["use_trunk_dtype", "trunk_dtype_of", "native_bf16", "HELD", "PAIR_PARTS"]
@@ -38,8 +38,7 @@ log = logging.getLogger(__name__)
 
 HELD = float_dtypes.HELD  # attribute on a module whose floating tensors a pass holds in a dtype of its own
 _BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of CPUs with native bfloat16 dot products
-# transformers' EsmFoldTriangularSelfAttentionBlock: the children that read and write the pair state
-PAIR_PARTS = ("tri_mul_out", "tri_mul_in", "tri_att_start", "tri_att_end", "mlp_pair")
+PAIR_PARTS = esmfold_cfg.PAIR_PARTS  # the trunk block's children that read and write the pair state
 
 
 def use_trunk_dtype(model: nn.Module, dtype: Optional[str] = "bfloat16") -> nn.Module:
