@@ -22,6 +22,7 @@ from ptq_protein.recipes.config import (
                                 Scheme,
                                 SiteKind,
                                 SmoothQuantSpec,
+                                SpecialTokens,
                                 TensorQuant,
 )
 from ptq_protein.recipes.ours import per_channel_weights, pwlq_acts
@@ -32,11 +33,16 @@ _LINEAR = (SiteKind.LINEAR,)
 _LINEAR_LN = (SiteKind.LINEAR, SiteKind.LAYERNORM)
 # SmoothQuant's activations: static per-tensor symmetric, range = calibrated max (the paper's setting).
 _SQ_ACTS = TensorQuant(bits=8, scheme=Scheme.UNIFORM, symmetric=True, range_method=RangeMethod.MINMAX)
+# The same, asymmetric (a GELU output is one-sided: a symmetric range wastes half its codes on it).
+_ASYM_ACTS = TensorQuant(bits=8, scheme=Scheme.UNIFORM, symmetric=False, range_method=RangeMethod.MINMAX)
 _FP8 = FP8Format.E4M3
 
 PRESETS: Dict[str, QuantConfig] = {
     "w8a8-smoothquant": QuantConfig(weights=per_channel_weights(8), activations=_SQ_ACTS, kinds=_LINEAR,
                                     smoothquant=SmoothQuantSpec(), name="w8a8-smoothquant"),
+    "w8a8-smoothquant-gptq": QuantConfig(weights=per_channel_weights(8), activations=_ASYM_ACTS, kinds=_LINEAR,
+                                         smoothquant=SmoothQuantSpec(), gptq=GPTQSpec(),
+                                         special_tokens=SpecialTokens.INCLUDE, name="w8a8-smoothquant-gptq"),
     "w8a8-smoothquant-pwlq": QuantConfig(weights=per_channel_weights(8), activations=pwlq_acts(8), kinds=_LINEAR_LN,
                                          smoothquant=SmoothQuantSpec(), name="w8a8-smoothquant-pwlq"),
     "w4a8-gptq-pwlq": QuantConfig(weights=per_channel_weights(4), activations=pwlq_acts(8), kinds=_LINEAR_LN,
@@ -56,6 +62,9 @@ PRESETS: Dict[str, QuantConfig] = {
 DOCS: Dict[str, str] = {
     "w8a8-smoothquant": "SmoothQuant (alpha 0.5) + W8 per-channel + static per-tensor A8 on Linear inputs "
                         "(Xiao et al. 2023)",
+    "w8a8-smoothquant-gptq": "SmoothQuant (alpha 0.5), then GPTQ W8 per-channel + static per-tensor asymmetric A8 "
+                             "(min-max) on Linear inputs, BOS/EOS calibrated and quantized with the residues (one "
+                             "quantizer for every row: no float side path)",
     "w8a8-smoothquant-pwlq": "SmoothQuant, then w8a8-pwlq on the smoothed model (Linear and LayerNorm inputs)",
     "w4a8-gptq-pwlq": "GPTQ W4 per-channel (act-order, sequential; Frantar et al. 2023) + piecewise-linear A8",
     "w8a8-gptq-pwlq": "GPTQ W8 per-channel + piecewise-linear A8",
