@@ -40,6 +40,14 @@ def fair_artifact(esm2, calib_seqs, tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def included_artifact(esm2, calib_seqs, tmp_path_factory):
+    """SmoothQuant + GPTQ + asymmetric A8 with BOS/EOS quantized like residues: no float side path at all."""
+    out = tmp_path_factory.mktemp("ov") / "b"
+    pp.save(pp.quantize(esm2, "w8a8-smoothquant-gptq", calibration=list(calib_seqs)), out)
+    return out
+
+
 def _rel(got, want, keep):
     return ((got.double() - want)[keep].norm() / want[keep].norm()).item()
 
@@ -56,7 +64,7 @@ def _reference(artifact, tokens, layers, dtype=torch.float64):
     return lm_forward(model, tokens, layers, logits=False).representations, model
 
 
-@pytest.mark.parametrize("artifact", ["fair_artifact", "masked_lm_artifact"])
+@pytest.mark.parametrize("artifact", ["fair_artifact", "masked_lm_artifact", "included_artifact"])
 def test_float32_parts_match_the_simulation(artifact, seqs, request):
     """Last layer and two inner layers, on a padded batch, against the float64 simulation."""
     path = request.getfixturevalue(artifact)
