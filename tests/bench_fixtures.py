@@ -1,6 +1,7 @@
 """What the bench tests share: the scripts folder, loading a script by path, reading a printed table, and the
 bench package on ``sys.path`` (as ``python -m scripts.bench`` and its children have it)."""
 
+import importlib
 import importlib.util
 import sys
 from pathlib import Path
@@ -16,6 +17,18 @@ def _load_path(name: str, path: Path):
     sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
+
+
+def _load(name: str):
+    """A script of ``scripts/`` (``NAME.py``) as a module."""
+    return _load_path(name, SCRIPTS / f"{name}.py")
+
+
+def _bench(name: str):
+    """A module of the bench package (``scripts/bench/NAME.py``), imported as ``bench.NAME``."""
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
+    return importlib.import_module(f"bench.{name}")
 
 
 def _table_rows(out: str, first_cell: str) -> list:

@@ -46,6 +46,7 @@ INSTALL_OPENVINO = "--engine openvino needs the openvino extra: pip install 'ptq
 _EXACT_INT8 = ("amx_int8", "avx512_vnni", "avx_vnni")  # int32 accumulation without saturating pair sums
 _PRECISION = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 _FORMAT = 1  # bump when the converted graph changes for the same artifact
+_PAD = 1  # ESM-2's padding id
 
 
 def why_not(device: str) -> Optional[str]:
@@ -97,9 +98,6 @@ class OpenVinoLM(nn.Module):
         reps = {layer: got["last_hidden_state"] if layer == last else got["hidden_states"][:, :, layer]
                 for layer in repr_layers}
         return LMOutputs(reps, got.get("logits") if logits else None, None)
-
-
-_PAD = 1  # ESM-2's padding id
 
 
 def load_openvino(artifact: Path, *, layers: Sequence[int], logits: bool, dtype: Optional[str],
