@@ -47,9 +47,10 @@ float model, bf16-trunk, w8a8-pwlq-stem and w8a8-pwlq with and without int8 pair
 * ``FOLD_FIXED``: a fold's first run (imports of the structure writer, thread workspaces).
 * ``exec``: a model with quantized activations compiles its quantizer loops on the first forward
   (:mod:`ptq_protein.nn.fused`, about 80 MiB resident for good).
-* bf16-trunk is predicted as float32: its pair operations' tensors are bfloat16 under autocast, but
-  at 300 residues it peaked within 3% of the float fold (the triangle attention's logits and the
-  float32 state between operations dominate), so no saving is counted.
+* bf16-trunk is predicted as float32: its pair operations' tensors are bfloat16 under autocast and
+  its triangle attentions run fused (no logits written), but the float32 state between operations
+  dominates: on 8 blocks it peaked at 0.92x and 0.91x of this prediction at 150 and 300 residues,
+  so no saving is counted.
 * Activation-quantized Linears inside the pair operations (``quant_width`` channels in their widest
   input, w8a8 recipes' pair transition: 4 c_z) run the quantizer eagerly on pair-sized inputs:
   ``N_QUANT_TEMPS B L^2 quant_width b`` (float pairs) or ``N_QUANT_TEMPS_ROWS B r L quant_width b``

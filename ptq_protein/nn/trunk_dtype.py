@@ -6,7 +6,8 @@ multiplicative updates, both triangle attentions and the pair transition) hold t
 and biases in bfloat16 (what an artifact stores: 16 bits a value) and run under ``torch.autocast``
 where the device computes bfloat16 natively (CUDA; CPUs listing ``avx512_bf16`` or ``amx_bf16``):
 Linear layers and matrix products in bfloat16, LayerNorm and softmax in float32 (autocast's own
-operator lists), each part's output back in float32 before the block adds it to the pair state.
+operator lists), each part's output back in float32 before the block adds it to the pair state; the
+triangle attentions' product, bias and softmax as torch's fused kernel (:mod:`.triangle_sdpa`).
 Elsewhere (an AVX2-only CPU, where bfloat16 products are emulated and several times slower than
 float32) those parts run in float32 on the same bfloat16-valued weights, widened at each call.
 
@@ -31,6 +32,8 @@ from torch import nn
 
 from ptq_protein.models import esmfold_cfg, float_dtypes
 from ptq_protein.nn.backend_choice import cpu_flags
+from ptq_protein.nn.triangle_mul_bf16 import use_fused_update
+from ptq_protein.nn.triangle_sdpa import use_sdpa
 
 __all__ = ["use_trunk_dtype", "trunk_dtype_of", "native_bf16", "HELD", "PAIR_PARTS"]
 
@@ -63,11 +66,20 @@ def use_trunk_dtype(model: nn.Module, dtype: Optional[str] = "bfloat16") -> nn.M
             part.__dict__.pop("forward", None)
             if autocast:
                 part.forward = types.MethodType(_autocast_forward, part)
+                _fuse_attention(part)
     model.trunk_dtype = dtype
     log.info("ESMFold trunk: pair operations' Linear weights held in bfloat16; %s",
              "they run under bfloat16 autocast" if autocast
              else f"they run in float32 ({device.type} has no native bfloat16 products: {_cpu_note(device)})")
     return model
+
+
+def _fuse_attention(part: nn.Module) -> None:
+    """Triangle attention as one fused kernel (:mod:`.triangle_sdpa`); the multiplicative update cast once (:mod:`.triangle_mul_bf16`)."""
+    if type(part).__name__ == "EsmFoldTriangleAttention":
+        use_sdpa(part.mha)
+    elif type(part).__name__ == "EsmFoldTriangleMultiplicativeUpdate":
+        use_fused_update(part)
 
 
 def _hold_linears(part: nn.Module, dtype: str) -> None:
