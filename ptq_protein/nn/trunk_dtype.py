@@ -75,7 +75,8 @@ def use_trunk_dtype(model: nn.Module, dtype: Optional[str] = "bfloat16") -> nn.M
 
 
 def _fuse_attention(part: nn.Module) -> None:
-    """Triangle attention as one fused kernel (:mod:`.triangle_sdpa`); the multiplicative update cast once (:mod:`.triangle_mul_bf16`)."""
+    """Triangle attention as one fused kernel (:mod:`.triangle_sdpa`); the multiplicative update cast once
+    (:mod:`.triangle_mul_bf16`)."""
     if type(part).__name__ == "EsmFoldTriangleAttention":
         use_sdpa(part.mha)
     elif type(part).__name__ == "EsmFoldTriangleMultiplicativeUpdate":
