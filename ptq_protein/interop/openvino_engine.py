@@ -35,6 +35,7 @@ from typing import List, Optional, Sequence
 import torch
 from torch import nn
 
+from ptq_protein.interop.exportable import PAD_ID
 from ptq_protein.models.lm_outputs import LMInfo, LMOutputs, normalize_layers
 from ptq_protein.support.errors import InputError
 
@@ -46,7 +47,6 @@ INSTALL_OPENVINO = "--engine openvino needs the openvino extra: pip install 'ptq
 _EXACT_INT8 = ("amx_int8", "avx512_vnni", "avx_vnni")  # int32 accumulation without saturating pair sums
 _PRECISION = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 _FORMAT = 1  # bump when the converted graph changes for the same artifact
-_PAD = 1  # ESM-2's padding id
 
 
 def why_not(device: str) -> Optional[str]:
@@ -92,7 +92,7 @@ class OpenVinoLM(nn.Module):
         if contacts:
             raise ValueError("the OpenVINO engine has no contact maps; use --engine torch")
         ids = tokens.to(torch.int64).numpy()
-        found = self.compiled({"input_ids": ids, "attention_mask": (ids != _PAD).astype(ids.dtype)})
+        found = self.compiled({"input_ids": ids, "attention_mask": (ids != PAD_ID).astype(ids.dtype)})
         got = {name: torch.from_numpy(found[self.compiled.output(name)]).float() for name in self.outputs}
         last = self.lm_info.last_layer
         reps = {layer: got["last_hidden_state"] if layer == last else got["hidden_states"][:, :, layer]
@@ -156,7 +156,8 @@ def _convert(artifact: Path, folder: Path, *, logits: bool, hidden_states: bool)
     import openvino as ov
 
     from ptq_protein.artifact.fair_hf import load_as_transformers
-    from ptq_protein.interop.onnx_export import _swap_sites, _tracing, _wrap, check_exportable, example_ids
+    from ptq_protein.interop.exportable import example_ids, exportable, swap_sites, tracing
+    from ptq_protein.interop.onnx_export import check_exportable
     from ptq_protein.interop.openvino_sites import OvActQuant, OvLinear
     from ptq_protein.models.lm_outputs import lm_info
     from ptq_protein.support.io_utils import atomic_dir
@@ -167,12 +168,12 @@ def _convert(artifact: Path, folder: Path, *, logits: bool, hidden_states: bool)
     info = lm_info(model)
     torso = model if logits or not hasattr(model, "esm") else model.esm
     check_exportable(torso, model.ptq_recipe["sites"], "esm." if torso is not model else "")
-    wrapper = _wrap(torso, hidden_states)
-    _swap_sites(wrapper.exported, wrapper.rows, OvLinear, OvActQuant)
+    wrapper = exportable(torso, hidden_states)
+    swap_sites(wrapper.exported, wrapper.rows, OvLinear, OvActQuant)
     ids = example_ids()
-    with _tracing(wrapper), torch.no_grad(), warnings.catch_warnings():
+    with tracing(wrapper), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings about Python values: the padded branch is the kept one
-        converted = ov.convert_model(_Outputs(wrapper), example_input=(ids, (ids != _PAD).long()))
+        converted = ov.convert_model(_Outputs(wrapper), example_input=(ids, (ids != PAD_ID).long()))
     for port, name in zip(converted.inputs, ("input_ids", "attention_mask")):
         port.get_node().set_partial_shape(ov.PartialShape([-1, -1]))
         port.get_tensor().set_names({name})
