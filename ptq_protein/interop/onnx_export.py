@@ -18,7 +18,8 @@ fair-esm's last ``representations``), ``logits`` first for masked LMs, and, with
 ``hidden_states`` ``[batch, length, layers + 1, channels]``. Padded positions'
 outputs are not zeroed. It is traced with torch's TorchScript exporter
 (``dynamo=False``, opset 17) on a padded batch, so fair-esm's padding branch is the
-one kept (it is also right without padding).
+one kept (it is also right without padding); the wrapper, the padded batch and the site swap are
+:mod:`ptq_protein.interop.exportable`'s, shared with the OpenVINO engine.
 
 Run it with :func:`ort_session`: ONNX Runtime otherwise rewrites a weight-only
 site (``DequantizeLinear`` -> ``MatMul``) as ``MatMulNBits`` at accuracy level 4,
@@ -30,19 +31,17 @@ kernels compute exactly (see :mod:`ptq_protein.interop.onnx_qdq`).
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple, Union
+from typing import List, Optional, Union
 
 import torch
 from torch import nn
 
-from ptq_protein.interop.onnx_qdq import OnnxActQuant, OnnxLinear, SpecialRows
+from ptq_protein.interop.exportable import PAD_ID, example_ids, exportable, swap_sites, tracing
+from ptq_protein.interop.onnx_qdq import OnnxActQuant, OnnxLinear
 from ptq_protein.interop.onnx_vocab import check_vocab_out, vocab_for, write_vocab
-from ptq_protein.models.lm_outputs import lm_info
 from ptq_protein.models.tokens import esmc_vocab
-from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
-from ptq_protein.nn.special_tokens import SpecialTokenContext
+from ptq_protein.nn.modules import QuantLinear
 from ptq_protein.recipes.config import Granularity, Scheme
 from ptq_protein.support.errors import InputError
 
@@ -50,7 +49,6 @@ __all__ = ["export_onnx", "ort_session", "example_ids", "OPSET", "INSTALL_ONNX"]
 
 OPSET = 17
 INSTALL_ONNX = "ONNX export needs the onnx extra: pip install 'ptq-protein[onnx]' (onnx and onnxruntime)"
-_EXAMPLE_LENGTHS = (7, 4)  # residues of the two traced sequences: a padded batch, batch != length
 
 
 def export_onnx(artifact: Union[str, Path], out: Union[str, Path], *, force: bool = False,
@@ -69,14 +67,14 @@ def export_onnx(artifact: Union[str, Path], out: Union[str, Path], *, force: boo
     if out.is_dir():
         raise InputError(f"--out {out} is a folder; name the .onnx file to write, e.g. {out / 'model.onnx'}")
     model = load(artifact)
-    wrapper = _wrap(model, hidden_states)
+    wrapper = exportable(model, hidden_states)
     own = esmc_vocab() if wrapper.kind == "esmc" else ()
     tokens = vocab_for(Path(artifact), stem=wrapper.kind == "stem", default=own)
     check_vocab_out(out.parent, tokens, wrapper.outputs, force)
     check_exportable(wrapper.exported, model.ptq_recipe["sites"], wrapper.prefix)
-    _swap_sites(wrapper.exported, wrapper.rows)
+    swap_sites(wrapper.exported, wrapper.rows, OnnxLinear, OnnxActQuant)
     ids = example_ids()
-    with _tracing(wrapper), torch.no_grad():
+    with tracing(wrapper), torch.no_grad():
         buffer = _export_bytes(wrapper, ids, wrapper.outputs)
     atomic_write_bytes(out, buffer)
     write_vocab(out.parent, tokens, wrapper.outputs)
@@ -94,16 +92,6 @@ def ort_session(path: Union[str, Path], threads: Optional[int] = None):
     if threads is not None:
         options.intra_op_num_threads = options.inter_op_num_threads = threads
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def example_ids(lengths: Tuple[int, ...] = _EXAMPLE_LENGTHS) -> torch.Tensor:
-    """ESM token ids of a padded batch (BOS ... EOS, padding 1)."""
-    ids = torch.ones(len(lengths), max(lengths) + 2, dtype=torch.long)
-    gen = torch.Generator().manual_seed(0)
-    for row, n in enumerate(lengths):
-        ids[row, 0], ids[row, n + 1] = 0, 2
-        ids[row, 1:n + 1] = torch.randint(4, 24, (n,), generator=gen)
-    return ids
 
 
 def check_exportable(model: nn.Module, sites: dict, prefix: str) -> None:
@@ -141,84 +129,6 @@ def _unexpressible(module: nn.Module) -> Optional[str]:
     return None
 
 
-def _swap_sites(model: nn.Module, rows: SpecialRows, linear: type = OnnxLinear, act: type = OnnxActQuant) -> None:
-    """Each quantized site as its exportable form (``linear``/``act``: the ONNX QDQ ones, or OpenVINO's)."""
-    from ptq_protein.calibration.sites import set_module
-
-    for name, module in list(model.named_modules()):
-        if isinstance(module, QuantLinear):
-            set_module(model, name, linear(module, rows))
-        elif isinstance(module, QuantInput):
-            module.input_quant = act(module.input_quant, rows)
-
-
-class _Exported(nn.Module):
-    """``(input_ids, attention_mask) -> outputs`` around the model (or ESMFold's stem), BOS/EOS rows set from the
-    ids."""
-
-    def __init__(self, model: nn.Module, kind: str, prefix: str, hidden_states: bool):
-        super().__init__()
-        self.exported, self.kind, self.prefix = model, kind, prefix
-        self.hidden_states = hidden_states or kind == "stem"
-        logits = ["logits"] if kind in ("fair-esm", "masked-lm", "esmc") else []
-        self.outputs = logits + ["last_hidden_state"] + (["hidden_states"] if self.hidden_states else [])
-        quants = [m for m in model.modules() if isinstance(m, ActQuantizer) and m.special_tokens is not None]
-        self.context: Optional[SpecialTokenContext] = quants[0].special_tokens if quants else None
-        self.rows = SpecialRows()
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        input_ids = input_ids.masked_fill(attention_mask == 0, _PAD)
-        if self.context is not None:  # BOS/EOS rows stay float: [B, T, 1], or [T, B, 1] in fair-esm's layers
-            special = torch.zeros_like(input_ids, dtype=torch.bool)
-            for idx in self.context.special_ids:
-                special = special | (input_ids == idx)
-            self.rows.mask = (special.t() if self.kind == "fair-esm" else special)[..., None]
-        if self.kind in ("fair-esm", "esmc"):  # both take repr_layers and return a dict; ESM C's last is its norm
-            last = lm_info(self.exported).last_layer
-            out = self.exported(input_ids, repr_layers=range(last + 1) if self.hidden_states else [last])
-            logits, layers = out["logits"], [out["representations"][i] for i in sorted(out["representations"])]
-        else:
-            trunk = self.exported.esm if self.kind == "masked-lm" else self.exported
-            out = trunk(input_ids=input_ids, attention_mask=attention_mask.long(),
-                        output_hidden_states=self.hidden_states)
-            layers = list(out.hidden_states) if self.hidden_states else [out.last_hidden_state]
-            logits = self.exported.lm_head(out.last_hidden_state) if self.kind == "masked-lm" else None
-        found = ([logits] if logits is not None else []) + [layers[-1]]
-        return tuple(found + ([torch.stack(layers, dim=2)] if self.hidden_states else []))
-
-
-_PAD = 1  # ESM-2's padding id
-
-
-def _wrap(model: nn.Module, hidden_states: bool) -> _Exported:
-    kinds = {"ESM2": "fair-esm", "EsmForMaskedLM": "masked-lm", "EsmModel": "base", "ESMC": "esmc"}
-    name = type(model).__name__
-    if name in kinds:
-        return _Exported(model, kinds[name], "", hidden_states)
-    if name == "EsmForProteinFolding":
-        return _Exported(model.esm, "stem", "esm.", hidden_states)
-    raise InputError(f"ONNX export covers ESM-2 (fair-esm ESM2, EsmForMaskedLM, EsmModel), ESM C and ESMFold's ESM-2 "
-                     f"stem, not {name}")
-
-
-@contextlib.contextmanager
-def _tracing(wrapper: _Exported) -> Iterator[None]:
-    """Hooks that read token ids from the embedding (``torch.isin``) are set aside: the wrapper sets the ids."""
-    saved: List[Tuple[dict, dict]] = []
-    for module in wrapper.exported.modules():
-        for hooks in (module._forward_pre_hooks, module._forward_hooks):
-            ours = {k: h for k, h in hooks.items() if isinstance(getattr(h, "__self__", None), SpecialTokenContext)}
-            for key in ours:
-                del hooks[key]
-            saved.append((hooks, ours))
-    try:
-        yield
-    finally:
-        for hooks, ours in saved:
-            hooks.update(ours)
-        wrapper.rows.mask = None
-
-
 def _export_bytes(wrapper: nn.Module, ids: torch.Tensor, outputs: List[str]) -> bytes:
     import io
     import warnings
@@ -227,7 +137,7 @@ def _export_bytes(wrapper: nn.Module, ids: torch.Tensor, outputs: List[str]) -> 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings about Python bools: the padded branch is the kept one
         axes = {name: {0: "batch", 1: "length"} for name in ["input_ids", "attention_mask", *outputs]}
-        torch.onnx.export(wrapper, (ids, (ids != _PAD).long()), buffer, input_names=["input_ids", "attention_mask"],
+        torch.onnx.export(wrapper, (ids, (ids != PAD_ID).long()), buffer, input_names=["input_ids", "attention_mask"],
                           output_names=outputs, dynamic_axes=axes, opset_version=OPSET, dynamo=False,
                           do_constant_folding=False)
     return buffer.getvalue()

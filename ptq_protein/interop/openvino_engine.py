@@ -16,7 +16,8 @@ takes too). It returns representations and logits; contact maps need attention w
 Converting takes longer than a forward (tracing the model), so the converted model is kept in a cache
 folder (``PTQ_PROTEIN_CACHE``, else ``$XDG_CACHE_HOME/ptq-protein``, else ``~/.cache/ptq-protein``), named
 by the artifact's sealed tensor digest and the versions that built it; each run checks the artifact's seal
-before using it, so an edited artifact never runs a stale model.
+before using it, so an edited artifact never runs a stale model. Runs that convert the same artifact at once
+each trace it; the first to finish puts its folder in place and the others use that one.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import List, Optional, Sequence
 import torch
 from torch import nn
 
+from ptq_protein.interop.exportable import PAD_ID
 from ptq_protein.models.lm_outputs import LMInfo, LMOutputs, normalize_layers
 from ptq_protein.support.errors import InputError
 
@@ -46,7 +48,7 @@ INSTALL_OPENVINO = "--engine openvino needs the openvino extra: pip install 'ptq
 _EXACT_INT8 = ("amx_int8", "avx512_vnni", "avx_vnni")  # int32 accumulation without saturating pair sums
 _PRECISION = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 _FORMAT = 1  # bump when the converted graph changes for the same artifact
-_PAD = 1  # ESM-2's padding id
+_FILES = ("model.xml", "model.bin", "info.json")  # a conversion's folder: the graph, its weights, its outputs
 
 
 def why_not(device: str) -> Optional[str]:
@@ -92,7 +94,7 @@ class OpenVinoLM(nn.Module):
         if contacts:
             raise ValueError("the OpenVINO engine has no contact maps; use --engine torch")
         ids = tokens.to(torch.int64).numpy()
-        found = self.compiled({"input_ids": ids, "attention_mask": (ids != _PAD).astype(ids.dtype)})
+        found = self.compiled({"input_ids": ids, "attention_mask": (ids != PAD_ID).astype(ids.dtype)})
         got = {name: torch.from_numpy(found[self.compiled.output(name)]).float() for name in self.outputs}
         last = self.lm_info.last_layer
         reps = {layer: got["last_hidden_state"] if layer == last else got["hidden_states"][:, :, layer]
@@ -116,9 +118,10 @@ def load_openvino(artifact: Path, *, layers: Sequence[int], logits: bool, dtype:
                       "openvino": ov.__version__, "torch": torch.__version__.split("+")[0], **variant},
                      sort_keys=True)
     folder = cache_root() / "openvino" / hashlib.sha256(key.encode()).hexdigest()[:32]
-    if not (folder / "info.json").exists():
+    info = _cached(folder)
+    if info is None:
         _convert(artifact, folder, **variant)
-    info = json.loads((folder / "info.json").read_text())
+        info = _cached(folder)
     # no on-the-fly int8 of float inputs to int8-weight products (the BOS/EOS rows' float path, weight-only sites):
     # OpenVINO's CPU default would quantize them per group of 32 values, which the artifact does not
     config = {"INFERENCE_NUM_THREADS": threads, "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
@@ -151,12 +154,34 @@ def _check_recipe(recipe: dict, artifact: Path) -> None:
                          "; use --engine torch")
 
 
+def _cached(folder: Path) -> Optional[dict]:
+    """The ``info.json`` of the conversion in ``folder``; None where there is no folder yet.
+
+    A folder that is there but not a whole conversion (a file missing, an unreadable ``info.json``) is refused in
+    one line: :func:`~ptq_protein.support.io_utils.atomic_dir` puts a conversion's folder in place only once it
+    is written, so a folder this engine made, in this run or another, is always whole.
+    """
+    if not (folder.exists() or folder.is_symlink()):
+        return None
+    try:
+        info = json.loads((folder / "info.json").read_text())
+    except (OSError, ValueError):
+        info = None
+    whole = isinstance(info, dict) and {"lm_info", "outputs"} <= info.keys()
+    if not (whole and all((folder / name).is_file() for name in _FILES)):
+        raise FileExistsError(f"{folder} is not a whole converted OpenVINO model ({', '.join(_FILES)}): it was left "
+                              "by something else or changed since; remove it and run again")
+    return info
+
+
 def _convert(artifact: Path, folder: Path, *, logits: bool, hidden_states: bool) -> None:
-    """Trace the artifact's transformers form with OpenVINO's sites and save it (atomically) in ``folder``."""
+    """Trace the artifact's transformers form with OpenVINO's sites and save it (atomically) in ``folder``; where
+    another run put its conversion there meanwhile, keep that one (if whole: :func:`_cached`)."""
     import openvino as ov
 
     from ptq_protein.artifact.fair_hf import load_as_transformers
-    from ptq_protein.interop.onnx_export import _swap_sites, _tracing, _wrap, check_exportable, example_ids
+    from ptq_protein.interop.exportable import example_ids, exportable, swap_sites, tracing
+    from ptq_protein.interop.onnx_export import check_exportable
     from ptq_protein.interop.openvino_sites import OvActQuant, OvLinear
     from ptq_protein.models.lm_outputs import lm_info
     from ptq_protein.support.io_utils import atomic_dir
@@ -167,21 +192,27 @@ def _convert(artifact: Path, folder: Path, *, logits: bool, hidden_states: bool)
     info = lm_info(model)
     torso = model if logits or not hasattr(model, "esm") else model.esm
     check_exportable(torso, model.ptq_recipe["sites"], "esm." if torso is not model else "")
-    wrapper = _wrap(torso, hidden_states)
-    _swap_sites(wrapper.exported, wrapper.rows, OvLinear, OvActQuant)
+    wrapper = exportable(torso, hidden_states)
+    swap_sites(wrapper.exported, wrapper.rows, OvLinear, OvActQuant)
     ids = example_ids()
-    with _tracing(wrapper), torch.no_grad(), warnings.catch_warnings():
+    with tracing(wrapper), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings about Python values: the padded branch is the kept one
-        converted = ov.convert_model(_Outputs(wrapper), example_input=(ids, (ids != _PAD).long()))
+        converted = ov.convert_model(_Outputs(wrapper), example_input=(ids, (ids != PAD_ID).long()))
     for port, name in zip(converted.inputs, ("input_ids", "attention_mask")):
         port.get_node().set_partial_shape(ov.PartialShape([-1, -1]))
         port.get_tensor().set_names({name})
     for port, name in zip(converted.outputs, wrapper.outputs):
         port.get_tensor().set_names({name})
     converted.validate_nodes_and_infer_types()
-    with atomic_dir(folder, what="OpenVINO cache folder") as tmp:
-        ov.save_model(converted, tmp / "model.xml", compress_to_fp16=False)
-        (tmp / "info.json").write_text(json.dumps({"lm_info": asdict(info), "outputs": wrapper.outputs}))
+    try:
+        with atomic_dir(folder, what="OpenVINO cache folder") as tmp:
+            ov.save_model(converted, tmp / "model.xml", compress_to_fp16=False)
+            (tmp / "info.json").write_text(json.dumps({"lm_info": asdict(info), "outputs": wrapper.outputs}))
+    except FileExistsError:  # the folder appeared while this run converted: another run's, kept if whole
+        if _cached(folder) is None:
+            raise
+        log.info("another run put its conversion in %s first; using that one", folder)
+        return
     log.info("converted in %.0f s", time.perf_counter() - started)
 
 

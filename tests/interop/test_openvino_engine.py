@@ -11,12 +11,15 @@ either bound (checked below with one scale doubled).
 """
 
 import copy
+import json
+import shutil
 
 import pytest
 import torch
 
 import ptq_protein as pp
 from ptq_protein.models.lm_outputs import lm_forward, lm_tokens
+from ptq_protein.support import io_utils
 from ptq_protein.support.errors import ArtifactError, InputError
 
 pytest.importorskip("openvino")
@@ -123,6 +126,75 @@ def test_converted_once_and_the_seal_checked_every_time(fair_artifact, tmp_path,
     tensors.write_bytes(bytes(data))
     with pytest.raises(ArtifactError, match="does not match"):
         load_openvino(copied, layers=[-1], logits=False, dtype=None, threads=1)
+
+
+@pytest.fixture(scope="module")
+def converted(fair_artifact, tmp_path_factory):
+    """One run's conversion of ``fair_artifact``, in a cache of its own (``(cache root, folder)``)."""
+    root = tmp_path_factory.mktemp("ov-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PTQ_PROTEIN_CACHE", str(root))
+        load_openvino(fair_artifact, layers=[-1], logits=False, dtype=None, threads=1)
+    (folder,) = (root / "openvino").iterdir()
+    return folder
+
+
+def _first_run(converted, tmp_path):
+    """Another run's finished conversion, set aside to appear in this test's cache: ``(where it goes, it)``."""
+    first = shutil.copytree(converted, tmp_path / "first")
+    info = json.loads((first / "info.json").read_text())
+    (first / "info.json").write_text(json.dumps({**info, "by": "the first run"}))  # whole, and told apart
+    return openvino_engine.cache_root() / "openvino" / converted.name, first
+
+
+def _appears_when(name, first, folder, monkeypatch):
+    """``first`` moves to ``folder`` when the conversion calls ``io_utils.<name>`` (another run finishing then)."""
+    real = getattr(io_utils, name)
+
+    def appear_then(*args, **kwargs):
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        first.rename(folder)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(io_utils, name, appear_then)
+
+
+@pytest.mark.parametrize("when", ["atomic_dir", "_move_into_place"])  # before the temp folder, before its rename
+def test_a_conversion_finished_meanwhile_by_another_run_is_used(fair_artifact, converted, tmp_path, monkeypatch,
+                                                               when):
+    """Two runs convert at once: the slower one finds the faster one's folder in place and reads it."""
+    folder, first = _first_run(converted, tmp_path)
+    _appears_when(when, first, folder, monkeypatch)
+    lm = load_openvino(fair_artifact, layers=[-1], logits=False, dtype=None, threads=1)
+    assert not first.exists()  # the race happened: this run converted, and the other run's folder came first
+    assert json.loads((folder / "info.json").read_text())["by"] == "the first run"
+    assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name]  # no temp folder left
+    assert str(folder) in lm.engine_words
+    got = lm_forward(lm, lm_tokens(["MKTAYIAKQ"]), [2], logits=False).representations[2]
+    assert got.shape[:2] == (1, 11) and torch.isfinite(got).all()
+
+
+@pytest.mark.parametrize("broken", ["another folder", "no model.bin", "bad info.json"])
+def test_a_broken_cache_folder_is_refused_in_one_line(fair_artifact, converted, tmp_path, monkeypatch, broken):
+    """Whether it appeared during the conversion or was there before the run (then refused before converting)."""
+    folder, first = _first_run(converted, tmp_path)
+    if broken == "no model.bin":
+        (first / "model.bin").unlink()
+    elif broken == "bad info.json":
+        (first / "info.json").write_text("{")
+    else:
+        shutil.rmtree(first)
+        first.mkdir()
+        (first / "notes.txt").write_text("not ptq-protein's")
+    found = sorted(p.name for p in first.iterdir())
+    _appears_when("_move_into_place", first, folder, monkeypatch)
+    with pytest.raises(FileExistsError, match="is not a whole converted OpenVINO model"):
+        load_openvino(fair_artifact, layers=[-1], logits=False, dtype=None, threads=1)
+    assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name]  # no temp folder left
+    assert sorted(p.name for p in folder.iterdir()) == found  # kept as found
+    monkeypatch.setattr(openvino_engine, "_convert", lambda *a, **k: pytest.fail("converted next to a broken folder"))
+    with pytest.raises(FileExistsError, match="remove it and run again"):
+        load_openvino(fair_artifact, layers=[-1], logits=False, dtype=None, threads=1)
 
 
 def test_other_models_refused_in_one_line(esmc, calib_seqs, tmp_path):
