@@ -47,10 +47,9 @@ float model, bf16-trunk, w8a8-pwlq-stem and w8a8-pwlq with and without int8 pair
 * ``FOLD_FIXED``: a fold's first run (imports of the structure writer, thread workspaces).
 * ``exec``: a model with quantized activations compiles its quantizer loops on the first forward
   (:mod:`ptq_protein.nn.fused`, about 80 MiB resident for good).
-* bf16-trunk is predicted as float32: its pair operations' tensors are bfloat16 under autocast and
-  its triangle attentions run fused (no logits written), but the float32 state between operations
-  dominates: on 8 blocks it peaked at 0.92x and 0.91x of this prediction at 150 and 300 residues,
-  so no saving is counted.
+* bf16-trunk is predicted as float32 (its pair operations' tensors are bfloat16 under autocast, but
+  the float32 state between operations dominates), except that its triangle attentions run as torch's
+  fused kernel, which writes no logits: ``N_TRI_ATT_FUSED`` in place of the logits' count.
 * Activation-quantized Linears inside the pair operations (``quant_width`` channels in their widest
   input, w8a8 recipes' pair transition: 4 c_z) run the quantizer eagerly on pair-sized inputs:
   ``N_QUANT_TEMPS B L^2 quant_width b`` (float pairs) or ``N_QUANT_TEMPS_ROWS B r L quant_width b``
@@ -67,6 +66,7 @@ from typing import Optional, Sequence
 
 from torch import nn
 
+from ptq_protein.models.esmfold_cfg import FUSED_ATTENTION
 from ptq_protein.support.process_memory import KEEP_FREE
 
 __all__ = ["FoldDims", "FoldPlan", "dims_of", "predict_peak", "choose_plan", "CHUNK_CHOICES", "RUNTIME_BYTES",
@@ -88,6 +88,7 @@ N_QUANT_TEMPS_ROWS = 8.0  # [r, L, quant_width] ones of an int8 pair operation's
 N_SEQ_ATT = 4.0  # [H_seq, L, L] maps of the sequence attention (bias, permuted bias, logits, softmax)
 N_TRI_ATT = 1.8  # [k, H_pair, L, L] triangle attention logits, chunked (the softmax reuses the bias sum)
 N_TRI_ATT_UNCHUNKED = 2.1  # the same, unchunked ([L, H_pair, L, L]: logits, bias sum and softmax overlap more)
+N_TRI_ATT_FUSED = 1.0  # fitted: the fused kernel's mask and working buffers (bf16-trunk: no logits written)
 N_HEAD_PAIR = 2.0  # pair-sized tensors alive while the heads run (s_z, structure module pair)
 N_BINS = 4.5  # [L, L, bins] tensors of the distogram / pTM / PAE heads
 N_STEM_ATT = 4.0  # [H_stem, L+2, L+2] maps of one ESM-2 layer
@@ -111,6 +112,7 @@ class FoldDims:
     act_bytes: int = 4
     ipa_values: int = 600  # values per (i, j) of the IPA's point attention: heads x (6 qk points + 3 v points + 2)
     quant_width: int = 0  # widest input (channels) of an activation-quantized Linear in a pair operation
+    fused_attention: bool = False  # the triangle attentions run as torch's fused kernel (bf16-trunk)
     exec_bytes: int = 0  # one-time bytes of the first forward (the compiled quantizer loops)
 
 
@@ -141,7 +143,8 @@ def dims_of(model: nn.Module, dtype_bytes: Optional[int] = None) -> FoldDims:
                     pair_heads=trunk.pairwise_state_dim // trunk.pairwise_head_width, bins=int(model.distogram_bins),
                     stem_heads=int(model.config.num_attention_heads), weight_bytes=weights, act_bytes=dtype_bytes,
                     ipa_values=sm.num_heads_ipa * (6 * sm.num_qk_points + 3 * sm.num_v_points + 2),
-                    quant_width=_quant_width(model), exec_bytes=EXEC_BYTES if quantized else 0)
+                    quant_width=_quant_width(model), exec_bytes=EXEC_BYTES if quantized else 0,
+                    fused_attention=any(getattr(m, FUSED_ATTENTION, False) for m in model.trunk.modules()))
 
 
 def predict_peak(dims: FoldDims, plan: FoldPlan, resident: Optional[int] = None) -> int:
@@ -153,7 +156,8 @@ def predict_peak(dims: FoldDims, plan: FoldPlan, resident: Optional[int] = None)
     n, b, batch = plan.length, dims.act_bytes, plan.batch
     area = batch * n * n  # B L^2
     rows = n if plan.chunk is None else min(plan.chunk, n)
-    tri_att = (N_TRI_ATT_UNCHUNKED if plan.chunk is None else N_TRI_ATT) * batch * dims.pair_heads * n * n * rows * b
+    per_row = N_TRI_ATT_FUSED if dims.fused_attention else N_TRI_ATT_UNCHUNKED if plan.chunk is None else N_TRI_ATT
+    tri_att = per_row * batch * dims.pair_heads * n * n * rows * b
     if plan.pair_bits is None:
         quant = N_QUANT_TEMPS * area * dims.quant_width * b  # quantized pair-operation inputs, eager
         phases = [N_PAIR * area * dims.c_z * b + N_SEQ_ATT * area * dims.seq_heads * b + tri_att + quant,

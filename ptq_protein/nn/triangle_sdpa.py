@@ -21,9 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ptq_protein.models import esmfold_cfg
+
 __all__ = ["use_sdpa", "sdpa_forward", "SDPA_ATTR"]
 
-SDPA_ATTR = "sdpa_attention"  # set on an EsmFoldAttention whose forward is :func:`sdpa_forward`
+SDPA_ATTR = esmfold_cfg.FUSED_ATTENTION  # set on an EsmFoldAttention whose forward is :func:`sdpa_forward`
 
 
 def use_sdpa(attention: nn.Module) -> None:
