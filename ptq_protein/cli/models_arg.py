@@ -24,8 +24,10 @@ def add_backend_option(parser: argparse.ArgumentParser) -> None:
                              "default: the artifact's")
 
 
-def load_float_model(args: argparse.Namespace, name: str, mmap: bool = False, device: "str | None" = None):
-    """The float LoadedModel for ``name`` on the requested device/dtype (``mmap``: see ``load_model``).
+def load_float_model(args: argparse.Namespace, name: str, mmap: bool = False, device: "str | None" = None,
+                     check_finite: "bool | None" = None):
+    """The float LoadedModel for ``name`` on the requested device/dtype (``mmap``, ``check_finite``: see
+    ``load_model``).
 
     ``device`` overrides ``--device`` (an evaluation rank's ``cuda:LOCAL_RANK``). An artifact folder, or
     weights that load as a quantized model, are refused: every caller quantizes this model or treats it as FP.
@@ -45,7 +47,7 @@ def load_float_model(args: argparse.Namespace, name: str, mmap: bool = False, de
     tiny = str(name).startswith("tiny-")  # --seed chooses a tiny model's weights (tiny-esm2@N names one too)
     loaded = load_model(name, weights=getattr(args, "weights", None), device=device or resolve_device(args.device),
                         dtype=getattr(torch, _DTYPES[args.dtype or "float32"]), seed=seed if tiny else None,
-                        mmap=mmap)
+                        mmap=mmap, check_finite=check_finite)
     require_float(loaded.model, str(name))
     return loaded
 
@@ -81,7 +83,8 @@ def load_model_or_artifact(args: argparse.Namespace, artifact: bool, device: str
 
             model = model.to(getattr(torch, _DTYPES[args.dtype]))
         return model, artifact_identity(args.model)
-    loaded = load_float_model(args, args.model, device=device)
+    # a .pt file mapped, not read: its pages are the weights (read into memory, the file's peak was twice its size)
+    loaded = load_float_model(args, args.model, device=device, mmap=True, check_finite=True)
     from ptq_protein.models.fused_float import use_fast_float_
 
     use_fast_float_(loaded.model)  # embed and score only read outputs: attention as one SDPA call, one-pass GELU

@@ -31,4 +31,10 @@ def check_finite_weights(model: nn.Module, where: str) -> None:
 
 def _all_finite(tensor: torch.Tensor) -> bool:
     flat = tensor.reshape(-1)
-    return all(bool(torch.isfinite(flat[i:i + _CHUNK]).all()) for i in range(0, flat.numel(), _CHUNK))
+    return all(_chunk_finite(flat[i:i + _CHUNK]) for i in range(0, flat.numel(), _CHUNK))
+
+
+def _chunk_finite(chunk: torch.Tensor) -> bool:
+    """A NaN or infinity makes the sum non-finite, so a finite sum proves the chunk finite (one fast pass, no
+    temporary); a non-finite sum may be finite values overflowing, so only then is each value tested."""
+    return bool(torch.isfinite(chunk.sum())) or bool(torch.isfinite(chunk).all())

@@ -131,7 +131,8 @@ class LoadedModel:
 def load_model(name_or_path: Union[str, os.PathLike], weights: Optional[Union[str, os.PathLike]] = None,
                device: Union[str, torch.device] = "cpu", dtype: torch.dtype = torch.float32, *,
                seed: Optional[int] = None, config=None, fp16_esm: Optional[bool] = None,
-               allow_pickle: bool = False, hash_weights: bool = True, mmap: bool = False) -> LoadedModel:
+               allow_pickle: bool = False, hash_weights: bool = True, mmap: bool = False,
+               check_finite: Optional[bool] = None) -> LoadedModel:
     """Load a model by name or path, offline (resolution order in the module docstring).
 
     Parameters
@@ -156,8 +157,11 @@ def load_model(name_or_path: Union[str, os.PathLike], weights: Optional[Union[st
         fair-esm `.pt` files: memory-map the file; the weights are read as used and
         `ptq_protein.quantize` (`inplace=True`) hands each layer's pages back
         once used (see `ptq_protein.models.mapped`). Do not edit such a model's
-        weights in place. Default False: the file is read into memory (still no
-        second copy: the model is built on the meta device).
+        weights in place. Default False: the file is read into memory.
+    check_finite
+        Refuse a file holding a NaN or infinite weight before anything runs (one pass over the weights).
+        Default: when the file is read into memory, not when it is mapped (quantize's mapped load reads
+        each layer as it calibrates, and refuses non-finite values there).
 
     Raises
     ------
@@ -177,7 +181,8 @@ def load_model(name_or_path: Union[str, os.PathLike], weights: Optional[Union[st
     if weights is None and name in TINY_MODELS:
         loaded = _load_tiny(name, 0 if seed is None else seed)
     else:
-        loaded = _load_file(name, _locate(name, weights), config, allow_pickle, hash_weights, mmap)
+        loaded = _load_file(name, _locate(name, weights), config, allow_pickle, hash_weights, mmap,
+                            not mmap if check_finite is None else check_finite)
     return _place(loaded, device, dtype, fp16_esm)
 
 
@@ -296,11 +301,12 @@ def _load_tiny(name: str, seed: int) -> LoadedModel:
     return LoadedModel(model, vocab, spec.family, name, _tiny_source(name, seed), None, max_length)
 
 
-def _load_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: bool, mmap: bool) -> LoadedModel:
+def _load_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: bool, mmap: bool,
+               check_finite: bool) -> LoadedModel:
     loaded = _read_file(name, path, config, allow_pickle, hash_weights, mmap)
     if loaded.family is not ModelFamily.HF_ESMFOLD:
         check_name_fits(name, loaded.model, str(path))  # a published name on a file of other shapes
-    if not mmap:  # a mapped file is read as used (quantize refuses non-finite values at calibration)
+    if check_finite:
         check_finite_weights(loaded.model, str(path))
     return loaded
 

@@ -245,3 +245,20 @@ class _no_op:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_a_mapped_esmfold_file_folds_the_same_and_still_refuses_a_nan(fakes, tmp_path):
+    """``fold``/``embed`` map a ``.pt`` file (its pages are the weights: no second copy) and keep the finite check."""
+    from ptq_protein.models.mapped import mapped_file_of
+    from ptq_protein.support.errors import InputError
+
+    model, _ = tiny_esmfold(seed=0)
+    path = fakes.write_fair_esmfold(model, tmp_path / "my_esmfold.pt")
+    loaded = load_model(str(path), config=tiny_esmfold_config(), mmap=True, check_finite=True)
+    assert mapped_file_of(loaded.model) is not None and torch.equal(fold(loaded.model), fold(model))
+    with torch.no_grad():
+        model.trunk.blocks[0].seq_attention.o_proj.weight[0, 0] = float("nan")
+    bad = fakes.write_fair_esmfold(model, tmp_path / "bad.pt")
+    with pytest.raises(InputError, match="non-finite"):
+        load_model(str(bad), config=tiny_esmfold_config(), mmap=True, check_finite=True)
+    assert mapped_file_of(load_model(str(bad), config=tiny_esmfold_config(), mmap=True).model) is not None

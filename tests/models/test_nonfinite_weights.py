@@ -50,3 +50,16 @@ def test_score_refuses_a_non_finite_weight(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2 and "embed_tokens.weight holds 1 non-finite value" in err
     assert not (tmp_path / "s.csv").exists()
+
+
+def test_finite_weights_whose_float32_sum_overflows_pass_and_one_nan_among_them_is_found():
+    from ptq_protein.models.finite import check_finite_weights
+
+    model = torch.nn.Linear(4, 1000)
+    with torch.no_grad():
+        model.weight.fill_(3e38)  # every value finite; their float32 sum is inf
+    check_finite_weights(model, "big.pt")
+    with torch.no_grad():
+        model.weight[7, 2] = float("nan")
+    with pytest.raises(Exception, match="weight holds 1 non-finite value"):
+        check_finite_weights(model, "big.pt")
