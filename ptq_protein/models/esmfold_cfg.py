@@ -29,10 +29,11 @@ __all__ = ["STEM_FILES", "config_from_fair_cfg", "stem_file_name"]
 
 logger = logging.getLogger(__name__)
 
-#: fair-esm ``esm_type`` -> the hub file of that ESM-2 (fair-esm esm/esmfold/v1/esmfold.py ``esm_registry``).
 # transformers' EsmFoldTriangularSelfAttentionBlock: the children that read and write the pair state
 PAIR_PARTS = ("tri_mul_out", "tri_mul_in", "tri_att_start", "tri_att_end", "mlp_pair")
 FUSED_ATTENTION = "sdpa_attention"  # set on a triangle attention run by torch's fused kernel (nn.triangle_sdpa)
+
+#: fair-esm ``esm_type`` -> the hub file of that ESM-2 (fair-esm esm/esmfold/v1/esmfold.py ``esm_registry``).
 STEM_FILES = {
     "esm2_8M": "esm2_t6_8M_UR50D_500K", "esm2_8M_270K": "esm2_t6_8M_UR50D",
     "esm2_35M": "esm2_t12_35M_UR50D_500K", "esm2_35M_270K": "esm2_t12_35M_UR50D",

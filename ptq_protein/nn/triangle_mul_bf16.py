@@ -13,19 +13,19 @@ inference path (``inplace_safe``) is its own code, unchanged.
 
 from __future__ import annotations
 
-import types
 from typing import Optional
 
 import torch
 from torch import nn
+
+from ptq_protein.nn.bound_forward import bind_forward
 
 __all__ = ["use_fused_update", "fused_forward"]
 
 
 def use_fused_update(update: nn.Module) -> None:
     """Run ``update`` (an ``EsmFoldTriangleMultiplicativeUpdate``) through :func:`fused_forward`, in place."""
-    update.__dict__.pop("forward", None)
-    update.forward = types.MethodType(fused_forward, update)
+    bind_forward(update, fused_forward)
 
 
 def fused_forward(self: nn.Module, z: torch.Tensor, mask: Optional[torch.Tensor] = None,

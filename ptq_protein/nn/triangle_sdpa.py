@@ -9,30 +9,28 @@ summed biases as its ``attn_mask`` and never writes the logits, keeping the soft
 Only the triangle attentions of a ``bf16-trunk`` use it (:func:`use_sdpa`): the float model keeps
 transformers' arithmetic, so its fold stays transformers' own. What it changes: the logits are no longer
 rounded to bfloat16 before the softmax (the fused kernel accumulates them in float32), so the result is nearer
-the float64 attention than the written-out bfloat16 one (``tests/nn/test_triangle_sdpa.py``).
+the float64 attention than the written-out bfloat16 one (``tests/core/test_triangle_fused.py``).
 """
 
 from __future__ import annotations
 
-import types
 from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ptq_protein.models import esmfold_cfg
+from ptq_protein.models.esmfold_cfg import FUSED_ATTENTION
+from ptq_protein.nn.bound_forward import bind_forward
 
-__all__ = ["use_sdpa", "sdpa_forward", "SDPA_ATTR"]
-
-SDPA_ATTR = esmfold_cfg.FUSED_ATTENTION  # set on an EsmFoldAttention whose forward is :func:`sdpa_forward`
+__all__ = ["use_sdpa", "sdpa_forward"]
 
 
 def use_sdpa(attention: nn.Module) -> None:
-    """Run ``attention`` (an ``EsmFoldAttention``) through :func:`sdpa_forward`, in place."""
-    attention.__dict__.pop("forward", None)
-    attention.forward = types.MethodType(sdpa_forward, attention)
-    setattr(attention, SDPA_ATTR, True)
+    """Run ``attention`` (an ``EsmFoldAttention``) through :func:`sdpa_forward`, in place; marked with
+    ``FUSED_ATTENTION`` (the fold memory model reads it)."""
+    bind_forward(attention, sdpa_forward)
+    setattr(attention, FUSED_ATTENTION, True)
 
 
 def sdpa_forward(self: nn.Module, q_x: torch.Tensor, kv_x: torch.Tensor,

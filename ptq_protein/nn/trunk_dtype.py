@@ -23,7 +23,6 @@ The Linear modules it holds are marked (:data:`HELD`) so that the artifact's dty
 from __future__ import annotations
 
 import logging
-import types
 from typing import Optional
 
 import torch
@@ -32,6 +31,7 @@ from torch import nn
 
 from ptq_protein.models import esmfold_cfg, float_dtypes
 from ptq_protein.nn.backend_choice import cpu_flags
+from ptq_protein.nn.bound_forward import bind_forward
 from ptq_protein.nn.triangle_mul_bf16 import use_fused_update
 from ptq_protein.nn.triangle_sdpa import use_sdpa
 
@@ -63,10 +63,9 @@ def use_trunk_dtype(model: nn.Module, dtype: Optional[str] = "bfloat16") -> nn.M
                 raise ValueError(f"trunk_dtype runs trunk.blocks.{i}.{name} in bfloat16, but the block has no such "
                                  "part: this is not transformers' ESMFold trunk block")
             _hold_linears(part, dtype)
-            part.__dict__.pop("forward", None)
+            bind_forward(part, _autocast_forward if autocast else None)
             if autocast:
-                part.forward = types.MethodType(_autocast_forward, part)
-                _fuse_attention(part)
+                _fuse_triangle_operation(part)
     model.trunk_dtype = dtype
     log.info("ESMFold trunk: pair operations' Linear weights held in bfloat16; %s",
              "they run under bfloat16 autocast" if autocast
@@ -74,7 +73,7 @@ def use_trunk_dtype(model: nn.Module, dtype: Optional[str] = "bfloat16") -> nn.M
     return model
 
 
-def _fuse_attention(part: nn.Module) -> None:
+def _fuse_triangle_operation(part: nn.Module) -> None:
     """Triangle attention as one fused kernel (:mod:`.triangle_sdpa`); the multiplicative update cast once
     (:mod:`.triangle_mul_bf16`)."""
     if type(part).__name__ == "EsmFoldTriangleAttention":
@@ -88,8 +87,7 @@ def _hold_linears(part: nn.Module, dtype: str) -> None:
         if type(module) is nn.Linear or type(module).__name__ == "EsmFoldLinear":  # float Linears only
             module.to(torch.bfloat16)
             setattr(module, HELD, dtype)
-            module.__dict__.pop("forward", None)
-            module.forward = types.MethodType(_held_linear_forward, module)
+            bind_forward(module, _held_linear_forward)
 
 
 def trunk_dtype_of(model: nn.Module) -> Optional[str]:

@@ -12,9 +12,10 @@ import pytest
 import torch
 from transformers.models.esm.modeling_esmfold import EsmFoldTriangleAttention, EsmFoldTriangleMultiplicativeUpdate
 
+from ptq_protein.models.esmfold_cfg import FUSED_ATTENTION as SDPA_ATTR
 from ptq_protein.nn import trunk_dtype
 from ptq_protein.nn.triangle_mul_bf16 import use_fused_update
-from ptq_protein.nn.triangle_sdpa import SDPA_ATTR, use_sdpa
+from ptq_protein.nn.triangle_sdpa import use_sdpa
 
 C_Z, L = 16, 11
 

@@ -6,11 +6,11 @@ quantized) to it in place; :func:`pair_bits_of` says whether a model runs it.
 
 from __future__ import annotations
 
-import types
 from typing import Optional
 
 from torch import nn
 
+from ptq_protein.nn.bound_forward import bind_forward
 from ptq_protein.nn.pair_int8.holder import Int8Pair
 from ptq_protein.nn.pair_int8.trunk import forward_pair_int8
 
@@ -28,9 +28,7 @@ def use_pair_int8(model: nn.Module, bits: Optional[int] = 8) -> nn.Module:
         raise ValueError(f"int8 pair activations need an ESMFold model (EsmForProteinFolding), got "
                          f"{type(model).__name__}")
     _check_modules(trunk)
-    model.__dict__.pop("forward", None)
-    if bits is not None:
-        model.forward = types.MethodType(forward_pair_int8, model)
+    bind_forward(model, forward_pair_int8 if bits is not None else None)
     model.pair_bits = bits
     return model
 

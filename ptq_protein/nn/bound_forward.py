@@ -1,0 +1,22 @@
+"""Give one module instance a forward of its own (or its class's back), the way the execution passes swap them.
+
+transformers' ESMFold classes are run as they are, with a few instances' ``forward`` replaced (the bf16 trunk's
+autocast wrappers and fused triangle operations, the int8 pair trunk). Binding on the instance leaves the class,
+and every other model built from it, untouched.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Callable, Optional
+
+from torch import nn
+
+__all__ = ["bind_forward"]
+
+
+def bind_forward(module: nn.Module, forward: Optional[Callable] = None) -> None:
+    """Make ``forward(module, ...)`` the instance's forward; None: the class's own again."""
+    module.__dict__.pop("forward", None)
+    if forward is not None:
+        module.forward = types.MethodType(forward, module)
