@@ -12,6 +12,8 @@ from torch import nn
 
 from ptq_protein.eval.bench.fold_budget import FoldRefused, planned_fold
 from ptq_protein.eval.bench.fold_progress import fold_progress
+from ptq_protein.models.fold_memory import streamed_units
+from ptq_protein.models.mapped import mapped_file_of, release_after_forward
 from ptq_protein.support.errors import InputError
 from ptq_protein.support.file_reads import read_json
 from ptq_protein.support.io_utils import atomic_write_text, check_out_path, file_lock, folder_lock, safe_stem
@@ -44,6 +46,9 @@ def fold_output(model: nn.Module, sequence: str, num_recycles: Optional[int] = N
                 max_memory: Optional[int] = None, progress: Optional[str] = None) -> Dict[str, torch.Tensor]:
     """ESMFold's outputs for one sequence, in float32, pLDDT on 0-100.
 
+    A model whose weights live in a file mapping (a mapped artifact or ``.pt`` file) hands each stem
+    layer's and trunk block's pages back after its forward (:func:`streamed_units`): the fold holds
+    about one block's weights, reading the others from the page cache when they run.
     Checked first against the memory model (:func:`~ptq_protein.eval.bench.fold_budget.planned_fold`):
     the largest chunk size within ``max_memory`` bytes (default: what the machine has available)
     is used, and a sequence that cannot fit raises :class:`FoldRefused` before anything runs.
@@ -54,6 +59,7 @@ def fold_output(model: nn.Module, sequence: str, num_recycles: Optional[int] = N
 
     adapter = HFEsmFoldAdapter(model)
     with planned_fold(model, len(sequence), max_memory), \
+            release_after_forward(model, mapped_file_of(model), units=streamed_units(model)), \
             fold_progress(model, progress or "", num_recycles, show=progress is not None):
         output = adapter.forward(model, adapter.make_batch([sequence]), num_recycles=num_recycles)
     # float32 for the PDB writer: transformers converts through numpy, which has no bfloat16

@@ -66,12 +66,13 @@ from ptq_protein.artifact.seal import (
     plain_file,
     tensors_sha256,
 )
-from ptq_protein.artifact.tensors import check_header, read_tensors
+from ptq_protein.artifact.tensors import check_header, map_tensors, read_tensors
 from ptq_protein.calibration.matmul_sites import QuantMatmulHost
 from ptq_protein.calibration.sites import Site
 from ptq_protein.kernels.packing import pack_int4
 from ptq_protein.models.architecture import describe_architecture
 from ptq_protein.models.float_dtypes import float_dtypes, main_dtype
+from ptq_protein.models.mapped import MappedFile, attach_mapping
 from ptq_protein.nn.modules import QuantInput, QuantLinear
 from ptq_protein.passes.recipe import resolve_recipe
 from ptq_protein.passes.site_report import report_markdown
@@ -305,7 +306,7 @@ def _verify(path: Path, recipe: Dict[str, Any]) -> None:
 
 @loading()  # its freed temporaries go back to the system; the heap is trimmed after
 def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = None,
-         engine: str = "auto") -> nn.Module:
+         engine: str = "auto", mapped: bool = False) -> nn.Module:
     """Rebuild a quantized model from an artifact folder.
 
     `backend` None (default) runs the fastest path whose integer results are exact here: oneDNN's integer
@@ -315,6 +316,12 @@ def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = N
     `engine` picks the integer GEMM of `backend="int8"` sites (`"auto"`: the
     oneDNN fast path on CPU where it runs, else the exact reference; see
     `ptq_protein.nn.int_exec`); `pp.engine_used(model)` says which ran.
+
+    `mapped=True` (CPU only) keeps the tensors in a private mapping of the tensor file instead of reading
+    them into memory: the weights a layer uses as stored are then the file's pages, read from the page
+    cache when used, and a caller that runs layers once per pass can hand their pages back after each
+    (`ptq_protein.models.mapped`; `ptq-protein fold` does, so a fold holds about one trunk block's
+    weights). Outputs are the same either way.
     """
     from ptq_protein.nn.int_exec import parse_engine, set_engine
 
@@ -323,8 +330,18 @@ def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = N
     _check_device(device)
     if backend is not None and backend not in {b.value for b in Backend}:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(b.value for b in Backend)}")
-    recipe, tensors = read_verified(path)
+    if mapped and torch.device(device).type != "cpu":
+        raise ValueError(f"mapped=True keeps the weights in a mapping of the file, in CPU memory; device {device!r} "
+                         "needs them copied: load with mapped=False")
+    handle = None
+    if mapped:
+        recipe, tensors, handle = read_verified_mapped(path)
+    else:
+        recipe, tensors = read_verified(path)
     model = build_from_recipe(recipe, tensors, path, backend, device)
+    if handle is not None:
+        handle.release(handle.anchors)  # pages the build touched: the forward reads them back when it needs them
+        attach_mapping(model, handle)
     return set_engine(model.eval().to(device), engine)
 
 
@@ -345,6 +362,23 @@ def read_verified(path: Path) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]]:
     tensors = read_tensors(path / TENSORS)  # owned, read once: the model adopts them (no second copy)
     check_tensors(recipe, tensors, path / RECIPE, path / TENSORS)
     return recipe, tensors
+
+
+def read_verified_mapped(path: Path) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor], MappedFile]:
+    """As :func:`read_verified`, the tensors views of one private mapping of the tensor file (:func:`map_tensors`).
+
+    Each tensor's pages are handed back once the seal's digest has read them, so checking a file does not
+    leave it resident. A file rewritten in place afterwards (never by ``quantize``, which replaces the
+    folder) would be read as it is then: the seal covers the bytes read here.
+    """
+    recipe = _read_recipe(path)
+    _verify(path, recipe)
+    warn_if_unfaithful(recipe, path)
+    tensors = map_tensors(path / TENSORS)
+    handle = MappedFile(tensors.values()) if tensors else None
+    release = None if handle is None else (lambda tensor: handle.release([tensor]))
+    check_tensors(recipe, tensors, path / RECIPE, path / TENSORS, after=release)
+    return recipe, tensors, handle
 
 
 def _check_device(device: Any) -> None:

@@ -33,7 +33,7 @@ import hashlib
 import json
 import stat
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 from ptq_protein.support.digests import file_sha256
 from ptq_protein.support.errors import ArtifactError
@@ -69,8 +69,11 @@ def plain_file(folder: Path, name: str) -> Path:
     return path
 
 
-def tensors_sha256(tensors: Mapping[str, Any]) -> str:
-    """sha256 over every tensor's name, dtype, shape and raw bytes, in name order (independent of file layout)."""
+def tensors_sha256(tensors: Mapping[str, Any], after: Optional[Callable[[Any], Any]] = None) -> str:
+    """sha256 over every tensor's name, dtype, shape and raw bytes, in name order (independent of file layout).
+
+    ``after(tensor)`` runs once each tensor is hashed (a mapped file hands its pages back there).
+    """
     import torch
 
     digest = hashlib.sha256()
@@ -79,16 +82,20 @@ def tensors_sha256(tensors: Mapping[str, Any]) -> str:
         digest.update(f"{name}\0{str(tensor.dtype)}\0{tuple(tensor.shape)}\0".encode())
         if tensor.numel():
             digest.update(tensor.reshape(-1).view(torch.uint8).numpy())  # its buffer: no copy of the bytes
+        if after is not None:
+            after(tensors[name])
     return digest.hexdigest()
 
 
-def check_tensors(recipe: Mapping[str, Any], tensors: Mapping[str, Any], where: Path, file: Path) -> None:
-    """Refuse tensors whose digest differs from the sealed ``tensors_sha256`` (an edited code or scale)."""
+def check_tensors(recipe: Mapping[str, Any], tensors: Mapping[str, Any], where: Path, file: Path,
+                  after: Optional[Callable[[Any], Any]] = None) -> None:
+    """Refuse tensors whose digest differs from the sealed ``tensors_sha256`` (an edited code or scale);
+    ``after``: as :func:`tensors_sha256`'s."""
     expected = recipe.get(TENSORS_DIGEST)
     if not isinstance(expected, str):
         raise ArtifactError(f"{where} has no field {TENSORS_DIGEST}, so the tensors in {file.name} cannot be "
                             "verified; re-run quantize")
-    if tensors_sha256(tensors) != expected:
+    if tensors_sha256(tensors, after) != expected:
         raise ArtifactError(f"{file} holds tensors that differ from the digest sealed in {where.name} (field "
                             f"{TENSORS_DIGEST}): a weight code or scale was edited or corrupted; re-run quantize")
 

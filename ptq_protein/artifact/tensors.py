@@ -25,7 +25,7 @@ import torch
 
 from ptq_protein.support.errors import ArtifactError
 
-__all__ = ["read_tensors", "check_header"]
+__all__ = ["read_tensors", "map_tensors", "check_header"]
 
 _DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -96,6 +96,33 @@ def read_tensors(file: Path) -> Dict[str, torch.Tensor]:
             handle.seek(base + start)
             _read_into(handle, memoryview(tensor.reshape(-1).view(torch.uint8).numpy()), name, file)
             tensors[name] = tensor
+    return tensors
+
+
+def map_tensors(file: Path) -> Dict[str, torch.Tensor]:
+    """Every tensor of the safetensors ``file`` as a view of one private mapping of the whole file.
+
+    For a model that streams its weights (``ptq-protein fold``: :mod:`ptq_protein.models.mapped` hands
+    a layer's pages back after its forward), so that they are read from the page cache when used
+    instead of held. The mapping is private (copy-on-write): a tensor edited in place never
+    changes the file. A tensor whose offset does not suit its dtype's alignment (safetensors' own
+    writer aligns them) is read into memory instead.
+    """
+    with open(file, "rb") as handle:
+        header, base = _header(handle, file)
+        planned = [(name, *_entry(name, entry, file)) for name, entry in header.items()]
+    size = file.stat().st_size
+    if any(base + stop > size for *_, stop in planned):
+        raise ArtifactError(f"{file} ends inside a tensor; the file is truncated: re-run quantize")
+    whole = torch.empty(0, dtype=torch.uint8)
+    if size:
+        whole.set_(torch.UntypedStorage.from_file(str(file), False, size))  # shared=False: MAP_PRIVATE
+    tensors: Dict[str, torch.Tensor] = {}
+    for name, dtype, shape, start, stop in planned:
+        raw = whole[base + start:base + stop]
+        if (base + start) % dtype.itemsize:
+            raw = raw.clone()  # unaligned for its dtype: a copy of its own
+        tensors[name] = raw.view(dtype).reshape(shape)
     return tensors
 
 

@@ -90,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     records = [records[i] for i in shard.select([len(seq) for _, seq in records])]
     check_fold_outputs(Path(args.out), records, args.force)  # --out a file, PDBs in the way: before the model loads
     notes = input_notes(records, changes, _fold_notes)  # what reading and ESMFold change
-    model, model_identity = load_model_or_artifact(args, artifact, rank_device(resolve_device(args.device)))
+    model, model_identity = load_model_or_artifact(args, artifact, rank_device(resolve_device(args.device)),
+                                                   streamed=True)
     require_esmfold(model)
     if args.pair_bits is not None:
         from ptq_protein.nn.pair_int8 import use_pair_int8

@@ -72,16 +72,27 @@ def check_model_or_artifact(args: argparse.Namespace, command: str) -> bool:
     return False
 
 
-def load_model_or_artifact(args: argparse.Namespace, artifact: bool, device: str) -> Tuple[Any, Dict[str, Any]]:
-    """(model, identity): what an output records of it (names and digests, never a local path)."""
+def load_model_or_artifact(args: argparse.Namespace, artifact: bool, device: str,
+                           streamed: bool = False) -> Tuple[Any, Dict[str, Any]]:
+    """(model, identity): what an output records of it (names and digests, never a local path).
+
+    ``streamed``: the command runs each layer once per pass (``fold``), so an artifact's tensor file is mapped
+    on CPU (``pp.load(mapped=True)``) and its layers' pages can be handed back after their forward.
+    """
     if artifact:
         import ptq_protein as pp
 
-        model = pp.load(args.model, device=device, backend=getattr(args, "backend", None))
+        model = pp.load(args.model, device=device, backend=getattr(args, "backend", None),
+                        mapped=streamed and device == "cpu")
         if args.dtype:  # the parts kept in floating point (attention, LayerNorm, heads); codes and scales unchanged
             import torch
 
+            from ptq_protein.models.mapped import mapped_file_of
+
             model = model.to(getattr(torch, _DTYPES[args.dtype]))
+            handle = mapped_file_of(model)
+            if handle is not None:  # the cast read the mapped floats into copies: their pages are not needed now
+                handle.release(handle.anchors)
         return model, artifact_identity(args.model)
     # a .pt file mapped, not read: its pages are the weights (read into memory, the file's peak was twice its size)
     loaded = load_float_model(args, args.model, device=device, mmap=True, check_finite=True)

@@ -39,6 +39,9 @@ float model, bf16-trunk, w8a8-pwlq-stem and w8a8-pwlq with and without int8 pair
     own    = FOLD_FIXED + live + HEAP_SHARE min(live, HEAP_SLACK)
     base   = max(RUNTIME + weights + exec, resident)
 
+* ``weights``: all of the model's, except where they live in a file mapping (``fold`` of an artifact or a
+  ``.pt`` file): the stem's layers and the trunk's blocks hand their pages back after each forward, so
+  they count as the largest one (:func:`resident_weight_bytes`).
 * ``HEAP_SLACK``: the heap keeps freed activation blocks for reuse (up to
   :data:`~ptq_protein.support.process_memory.KEEP_FREE`), so at its peak the
   process holds more than the live tensors, up to that cap; how much grows with the blocks and
@@ -62,15 +65,16 @@ change results.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 from torch import nn
 
 from ptq_protein.models.esmfold_cfg import FUSED_ATTENTION
+from ptq_protein.models.mapped import mapped_file_of
 from ptq_protein.support.process_memory import KEEP_FREE
 
-__all__ = ["FoldDims", "FoldPlan", "dims_of", "predict_peak", "choose_plan", "CHUNK_CHOICES", "RUNTIME_BYTES",
-           "pair_int8_vector_bytes"]
+__all__ = ["FoldDims", "FoldPlan", "dims_of", "streamed_units", "resident_weight_bytes", "predict_peak",
+           "choose_plan", "CHUNK_CHOICES", "RUNTIME_BYTES", "pair_int8_vector_bytes"]
 
 RUNTIME_BYTES = 465 * 2 ** 20  # measured: Python + torch + transformers + the toolkit, before any model
 CHUNK_CHOICES = (None, 512, 256, 128, 64, 32, 16, 8, 4)  # tried largest first (None: unchunked, the fastest)
@@ -130,12 +134,41 @@ class FoldPlan:
         return chunk + ("" if self.pair_bits is None else f", pair int{self.pair_bits}")
 
 
+def streamed_units(model: nn.Module) -> List[nn.Module]:
+    """The parts of an ESMFold that run once per pass: the stem's layers (once per fold) and the trunk's
+    blocks (once per recycle). A fold hands their mapped weights back after each forward
+    (:func:`ptq_protein.models.mapped.release_after_forward`); the structure module, which runs its
+    layer in a loop, and the heads keep theirs."""
+    stem = getattr(getattr(getattr(model, "esm", None), "encoder", None), "layer", None)
+    blocks = getattr(getattr(model, "trunk", None), "blocks", None)
+    return [*(stem or ()), *(blocks or ())]
+
+
+def resident_weight_bytes(model: nn.Module) -> int:
+    """Bytes of weights a fold holds: all of them, except that the mapped weights of :func:`streamed_units`
+    count for the largest unit only (the others' pages are handed back after their forward)."""
+    mapped = mapped_file_of(model)
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+
+    def size(ts) -> int:
+        return sum(t.numel() * t.element_size() for t in ts)
+
+    if mapped is None:
+        return size(tensors.values())
+    per_unit = []
+    for unit in streamed_units(model):
+        own = [t for t in [*unit.parameters(), *unit.buffers()] if mapped.contains(t)]
+        for t in own:
+            tensors.pop(id(t), None)
+        per_unit.append(size(own))
+    return size(tensors.values()) + max(per_unit, default=0)
+
+
 def dims_of(model: nn.Module, dtype_bytes: Optional[int] = None) -> FoldDims:
     """The dimensions of a transformers ``EsmForProteinFolding`` (its config and parameters)."""
     trunk = model.config.esmfold_config.trunk
     sm = trunk.structure_module
-    params = list(model.parameters()) + list(model.buffers())
-    weights = sum(p.numel() * p.element_size() for p in params)
+    weights = resident_weight_bytes(model)
     if dtype_bytes is None:
         dtype_bytes = model.trunk.recycle_z_norm.weight.element_size()
     quantized = [m for m in model.modules() if getattr(m, "input_quant", None) is not None]

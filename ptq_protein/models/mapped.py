@@ -1,6 +1,7 @@
 """Weights read from a memory-mapped checkpoint, and handing their pages back to the OS.
 
-``torch.load(mmap=True)`` maps the file privately: a tensor's bytes are read
+``torch.load(mmap=True)`` (and ``pp.load(mapped=True)`` for an artifact's tensor
+file, :func:`ptq_protein.artifact.tensors.map_tensors`) maps the file privately: a tensor's bytes are read
 from disk (or the OS page cache) when first touched and then count in the
 process's resident memory for as long as the mapping lives, even once every
 layer that used them has been quantized. :class:`MappedFile` records the
@@ -9,7 +10,9 @@ address range of one such mapping; :meth:`MappedFile.release` tells the kernel
 For a private file mapping that was never written, that is lossless: the pages
 stay in the page cache (reclaimable, not this process's memory) and are mapped
 again on the next touch. So a model whose weights live in a mapping can
-calibrate and quantize with about one layer's float weights resident.
+calibrate and quantize with about one layer's float weights resident, and fold
+with about one trunk block's (a page fault from the page cache costs far less
+than the block's products).
 
 Safety: only tensors whose storage is one of the checkpoint's recorded
 storages are released, and those stay valid because the record holds them. A
@@ -31,14 +34,15 @@ import ctypes.util
 import functools
 import logging
 import mmap as _mmap
+import os
 import sys
-from typing import Iterable, Iterator, List, Optional, Tuple
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["MappedFile", "attach_mapping", "mapped_file_of", "release_after_forward", "trim_heap"]
+__all__ = ["MappedFile", "attach_mapping", "mapped_file_of", "release_after_forward", "tensor_span", "trim_heap"]
 
 log = logging.getLogger(__name__)
 
@@ -89,21 +93,20 @@ class MappedFile:
         return i >= 0 and ptr + storage.nbytes() <= self._ends[i]
 
     def release(self, tensors: Iterable[torch.Tensor]) -> int:
-        """Drop the file's pages wholly inside each mapped tensor's storage; returns bytes released.
+        """Drop the file's pages wholly inside each mapped tensor's bytes; returns bytes released.
 
-        Pages written since loading are kept (see the module docstring).
+        A tensor's own bytes, not its storage's: many tensors can be views of one mapping
+        (an artifact's tensor file), and a page shared with a neighbour is kept. Pages written
+        since loading are kept (see the module docstring).
         """
         fn = _madvise()
         if fn is None:
             return 0
         page = _mmap.PAGESIZE
         total = 0
-        for tensor in tensors:
-            if not self.contains(tensor):
-                continue
-            storage = tensor.untyped_storage()
-            lo = -(-storage.data_ptr() // page) * page
-            hi = (storage.data_ptr() + storage.nbytes()) // page * page
+        for start, stop in _merged(tensor_span(t) for t in tensors if self.contains(t)):
+            lo = -(-start // page) * page
+            hi = stop // page * page
             for start, stop in unwritten_runs(lo, hi):
                 if fn(start, stop - start, _MADV_DONTNEED) == 0:
                     total += stop - start
@@ -125,6 +128,28 @@ class MappedFile:
             self._trim_floor = resident_bytes()
 
 
+def _merged(spans: Iterable[Tuple[int, int]]) -> List[Tuple[int, int]]:
+    """Byte ranges joined where they touch or overlap: adjacent tensors of a file release as one range (and the
+    page they share goes too, both being released)."""
+    out: List[Tuple[int, int]] = []
+    for start, stop in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], stop))
+        else:
+            out.append((start, stop))
+    return out
+
+
+def tensor_span(tensor: torch.Tensor) -> Tuple[int, int]:
+    """The address range ``[start, stop)`` that ``tensor``'s elements occupy (any strides; empty: start == stop)."""
+    start = tensor.data_ptr()
+    if tensor.numel() == 0:
+        return start, start
+    extent = 1 + sum((size - 1) * abs(step) for size, step in zip(tensor.shape, tensor.stride()))
+    low = sum((size - 1) * step for size, step in zip(tensor.shape, tensor.stride()) if step < 0)
+    return start + low * tensor.element_size(), start + (low + extent) * tensor.element_size()
+
+
 def unwritten_runs(lo: int, hi: int) -> List[Tuple[int, int]]:
     """The address ranges in the page-aligned ``[lo, hi)`` whose pages hold the file's bytes, not an edit.
 
@@ -136,11 +161,8 @@ def unwritten_runs(lo: int, hi: int) -> List[Tuple[int, int]]:
     page = _mmap.PAGESIZE
     if hi <= lo:
         return []
-    try:
-        with open("/proc/self/pagemap", "rb") as handle:
-            handle.seek(lo // page * 8)
-            raw = handle.read((hi - lo) // page * 8)
-    except OSError:
+    raw = _read_proc("pagemap", lo // page * 8, (hi - lo) // page * 8)
+    if raw is None:
         return []
     flags = np.frombuffer(raw, dtype=np.uint64)
     if len(flags) != (hi - lo) // page:
@@ -150,10 +172,10 @@ def unwritten_runs(lo: int, hi: int) -> List[Tuple[int, int]]:
     return [(lo + int(a) * page, lo + int(b) * page) for a, b in zip(edges[::2], edges[1::2])]
 
 
-def attach_mapping(model: nn.Module, tensors: Iterable[torch.Tensor]) -> None:
-    """Record on ``model`` the mapping its weights (some of ``tensors``) come from."""
+def attach_mapping(model: nn.Module, tensors: Union[MappedFile, Iterable[torch.Tensor]]) -> None:
+    """Record on ``model`` the mapping its weights (some of ``tensors``, or a :class:`MappedFile`) come from."""
     try:
-        object.__setattr__(model, ATTRIBUTE, MappedFile(tensors))
+        object.__setattr__(model, ATTRIBUTE, tensors if isinstance(tensors, MappedFile) else MappedFile(tensors))
     except ValueError:  # nothing mapped (an empty or GPU state): nothing to release later
         pass
 
@@ -165,21 +187,32 @@ def mapped_file_of(model: nn.Module) -> Optional[MappedFile]:
 
 
 @contextlib.contextmanager
-def release_after_forward(model: nn.Module, mapped: Optional[MappedFile]) -> Iterator[None]:
-    """While active, each leaf module's mapped parameters are released after its forward.
+def release_after_forward(model: nn.Module, mapped: Optional[MappedFile],
+                          units: Optional[Sequence[nn.Module]] = None) -> Iterator[None]:
+    """While active, mapped weights are released after the forward that used them.
 
-    Leaves only, so a parent never releases weights a later child still needs
-    within the same call; the pages come back from the page cache on the next call.
+    By default each leaf module's mapped parameters, after the leaf's forward (leaves only, so
+    a parent never releases weights a later child still needs within the same call). ``units``:
+    instead, each of these modules' mapped parameters and buffers after the unit's forward, for
+    modules that run once per pass (an ESMFold's stem layers and trunk blocks): one release a
+    unit, and the modules outside them (a structure module that runs its layer in a loop) keep
+    theirs. The pages come back from the page cache on the next call.
     """
     if mapped is None:
         yield
         return
     handles = []
     try:
-        for module in model.modules():
-            own = [p for p in module.parameters(recurse=False) if mapped.contains(p)]
-            if own and not any(True for _ in module.children()):
-                handles.append(module.register_forward_hook(_releaser(mapped, own)))
+        if units is None:
+            for module in model.modules():
+                own = [p for p in module.parameters(recurse=False) if mapped.contains(p)]
+                if own and not any(True for _ in module.children()):
+                    handles.append(module.register_forward_hook(_releaser(mapped, own)))
+        else:
+            for unit in units:
+                own = [t for t in [*unit.parameters(), *unit.buffers()] if mapped.contains(t)]
+                if own:
+                    handles.append(unit.register_forward_hook(_releaser(mapped, own)))
         yield
     finally:
         for handle in handles:
@@ -200,11 +233,30 @@ def _releaser(mapped: MappedFile, params):
 
 def resident_bytes() -> int:
     """This process's resident set size (``/proc/self/statm``; 0 where there is none)."""
+    raw = _read_proc("statm", 0, 4096)
     try:
-        with open("/proc/self/statm", "rb") as handle:
-            return int(handle.read().split()[1]) * _mmap.PAGESIZE
-    except (OSError, ValueError, IndexError):
+        return int(raw.split()[1]) * _mmap.PAGESIZE if raw else 0
+    except (ValueError, IndexError):
         return 0
+
+
+_PROC_FILES: dict = {}  # name -> (pid that opened it, descriptor)
+
+
+def _read_proc(name: str, offset: int, size: int) -> Optional[bytes]:
+    """``size`` bytes at ``offset`` of ``/proc/self/<name>`` (None where it cannot be read).
+
+    A fold releases pages after every layer's forward, thousands of times: the file is opened once
+    per process (reopened in a forked child, whose ``self`` is another process).
+    """
+    pid = os.getpid()
+    held = _PROC_FILES.get(name)
+    try:
+        if held is None or held[0] != pid:
+            held = _PROC_FILES[name] = (pid, os.open(f"/proc/self/{name}", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
+        return os.pread(held[1], size, offset)
+    except OSError:
+        return None
 
 
 def trim_heap() -> None:

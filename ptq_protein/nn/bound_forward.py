@@ -7,12 +7,13 @@ and every other model built from it, untouched.
 
 from __future__ import annotations
 
+import contextlib
 import types
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 from torch import nn
 
-__all__ = ["bind_forward"]
+__all__ = ["bind_forward", "forward_as"]
 
 
 def bind_forward(module: nn.Module, forward: Optional[Callable] = None) -> None:
@@ -20,3 +21,17 @@ def bind_forward(module: nn.Module, forward: Optional[Callable] = None) -> None:
     module.__dict__.pop("forward", None)
     if forward is not None:
         module.forward = types.MethodType(forward, module)
+
+
+@contextlib.contextmanager
+def forward_as(module: nn.Module, forward: Callable) -> Iterator[nn.Module]:
+    """While active, calling ``module(...)`` runs ``forward(module, ...)`` through the module's own call, so its
+    hooks run too (a fold hands a block's mapped weights back in one); whatever forward it had is restored."""
+    own = module.__dict__.get("forward")
+    bind_forward(module, forward)
+    try:
+        yield module
+    finally:
+        module.__dict__.pop("forward", None)
+        if own is not None:
+            module.forward = own

@@ -87,27 +87,30 @@ def test_every_tensor_edit_is_refused(artifact, tmp_path):
     assert refused == 4 * len(tensors) and len(tensors) > 20
 
 
-def test_the_unedited_rewrite_still_loads(artifact, tmp_path, seqs, esm2):
+@pytest.mark.parametrize("mapped", [False, True])
+def test_the_unedited_rewrite_still_loads(artifact, tmp_path, seqs, esm2, mapped):
     """The fuzz's own rewrite path, without an edit, loads: refusals above come from the edits, not the rewrite."""
     tensors, metadata = _read(artifact)
     work = tmp_path / "art"
     shutil.copytree(artifact, work)
     _write(work, tensors, metadata, match_files=True)
-    loaded = pp.load(work)
+    loaded = pp.load(work, mapped=mapped)
     reference = pp.load(artifact)
     tokens = torch.tensor([[0, 5, 6, 7, 8, 2]])
     assert torch.equal(loaded(tokens)["logits"], reference(tokens)["logits"])
 
 
-def test_scale_times_three_with_rewritten_checksum_is_refused(artifact, tmp_path):
-    """The audit's case: one weight scale x3, header seal untouched, ``files`` rewritten to match."""
+@pytest.mark.parametrize("mapped", [False, True])
+def test_scale_times_three_with_rewritten_checksum_is_refused(artifact, tmp_path, mapped):
+    """The audit's case: one weight scale x3, header seal untouched, ``files`` rewritten to match (also when the
+    tensors are views of a mapping of the file, as ``fold`` loads them)."""
     tensors, metadata = _read(artifact)
     name = next(k for k in sorted(tensors) if k.endswith("fc1.weight_scale"))
     work = tmp_path / "art"
     shutil.copytree(artifact, work)
     _write(work, {**tensors, name: tensors[name] * 3}, metadata, match_files=True)
     with pytest.raises(ArtifactError, match="tensors_sha256"):
-        pp.load(work)
+        pp.load(work, mapped=mapped)
 
 
 @pytest.mark.parametrize("target", ["/dev/zero", "fifo", "other-artifact"])

@@ -26,6 +26,7 @@ from typing import Callable, Iterator, Optional
 import torch
 from torch import nn
 
+from ptq_protein.nn.bound_forward import forward_as
 from ptq_protein.nn.pair_int8.block import block_forward, spans
 from ptq_protein.nn.pair_int8.holder import Int8Pair
 from ptq_protein.nn.pair_int8.ipa import RowChunkedIPA
@@ -157,7 +158,8 @@ def _trunk(trunk: nn.Module, s_s_0: torch.Tensor, aa: torch.Tensor, residx: torc
         recycle_z = bins = None  # read: let them go before the blocks make theirs
         s = s_s_0 + recycle_s
         for block in trunk.blocks:
-            s, z = block_forward(block, s, z, mask, rows, att_rows)
+            with forward_as(block, block_forward):  # called as a module: its hooks run (a fold's streamed weights)
+                s, z = block(s, z, mask, rows, att_rows)
         with pair_rows_in(trunk.structure_module, rows):
             structure = trunk.structure_module({"single": trunk.trunk2sm_s(s),
                                                 "pair": PairRows(z, rows, trunk.trunk2sm_z)},
