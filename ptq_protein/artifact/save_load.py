@@ -340,7 +340,7 @@ def load(path: Union[str, Path], device: str = "cpu", backend: Optional[str] = N
         recipe, tensors = read_verified(path)
     model = build_from_recipe(recipe, tensors, path, backend, device)
     if handle is not None:
-        handle.release(handle.anchors)  # pages the build touched: the forward reads them back when it needs them
+        handle.release_all()  # pages the build touched: the forward reads them back when it needs them
         attach_mapping(model, handle)
     return set_engine(model.eval().to(device), engine)
 

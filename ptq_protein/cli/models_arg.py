@@ -92,7 +92,7 @@ def load_model_or_artifact(args: argparse.Namespace, artifact: bool, device: str
             model = model.to(getattr(torch, _DTYPES[args.dtype]))
             handle = mapped_file_of(model)
             if handle is not None:  # the cast read the mapped floats into copies: their pages are not needed now
-                handle.release(handle.anchors)
+                handle.release_all()
         return model, artifact_identity(args.model)
     # a .pt file mapped, not read: its pages are the weights (read into memory, the file's peak was twice its size)
     loaded = load_float_model(args, args.model, device=device, mmap=True, check_finite=True)

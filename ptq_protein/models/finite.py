@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -18,11 +19,15 @@ __all__ = ["check_finite_weights"]
 _CHUNK = 1 << 22  # elements checked at a time: a bounded temporary, whatever the tensor's size
 
 
-def check_finite_weights(model: nn.Module, where: str) -> None:
+def check_finite_weights(model: nn.Module, where: str, after: Optional[Callable[[torch.Tensor], Any]] = None) -> None:
     """Raise :class:`InputError` naming the first floating-point parameter or buffer of ``model`` holding a
-    NaN or an infinity (``where``: the file, for the message)."""
+    NaN or an infinity (``where``: the file, for the message). ``after(tensor)`` runs once each tensor is
+    checked (a mapped file hands its pages back there, so the check does not leave the file resident)."""
     for name, tensor in itertools.chain(model.named_parameters(), model.named_buffers()):
-        if tensor.is_floating_point() and not tensor.is_meta and not _all_finite(tensor.detach()):
+        finite = not tensor.is_floating_point() or tensor.is_meta or _all_finite(tensor.detach())
+        if after is not None:
+            after(tensor)
+        if not finite:
             bad = int((~torch.isfinite(tensor.detach())).sum())
             raise InputError(f"{where}: weight {name} holds {bad} non-finite value{'s' if bad > 1 else ''} (NaN or "
                              "inf), which would make outputs NaN; the file is damaged or was saved from a diverged "

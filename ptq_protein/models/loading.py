@@ -47,7 +47,7 @@ from ptq_protein.models.esmfold_convert import load_fair_esmfold
 from ptq_protein.models.fair_esm2 import load_fair_esm2
 from ptq_protein.models.finite import check_finite_weights
 from ptq_protein.models.hf_folder import folder_sha256, own_loader_artifact, read_hf_folder
-from ptq_protein.models.mapped import attach_mapping
+from ptq_protein.models.mapped import attach_mapping, mapped_file_of
 from ptq_protein.models.tiny import TINY_MODELS, build_tiny
 from ptq_protein.models.tokens import (
     esmc_vocab,
@@ -307,7 +307,8 @@ def _load_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: 
     if loaded.family is not ModelFamily.HF_ESMFOLD:
         check_name_fits(name, loaded.model, str(path))  # a published name on a file of other shapes
     if check_finite:
-        check_finite_weights(loaded.model, str(path))
+        mapped = mapped_file_of(loaded.model)  # a mapped file's pages are handed back as they are checked
+        check_finite_weights(loaded.model, str(path), after=None if mapped is None else lambda t: mapped.release([t]))
     return loaded
 
 

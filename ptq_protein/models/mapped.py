@@ -99,12 +99,19 @@ class MappedFile:
         (an artifact's tensor file), and a page shared with a neighbour is kept. Pages written
         since loading are kept (see the module docstring).
         """
+        return self._release_spans(_merged(tensor_span(t) for t in tensors if self.contains(t)))
+
+    def release_all(self) -> int:
+        """Drop every unwritten page of the recorded storages (after a pass that read them all: a check, a cast)."""
+        return self._release_spans(list(zip(self._starts, self._ends)))
+
+    def _release_spans(self, spans: List[Tuple[int, int]]) -> int:
         fn = _madvise()
         if fn is None:
             return 0
         page = _mmap.PAGESIZE
         total = 0
-        for start, stop in _merged(tensor_span(t) for t in tensors if self.contains(t)):
+        for start, stop in spans:
             lo = -(-start // page) * page
             hi = stop // page * page
             for start, stop in unwritten_runs(lo, hi):

@@ -6,13 +6,13 @@ are resident, and a model loaded into owned memory for the fold's outputs.
 """
 
 import json
-import mmap
 import os
 import struct
 import sys
 
 import pytest
 import torch
+from page_map import PAGE, pages_present
 from safetensors.torch import load_file, save_file
 
 import ptq_protein as pp
@@ -23,18 +23,7 @@ from ptq_protein.models.fold_memory import dims_of, streamed_units
 from ptq_protein.models.mapped import MappedFile, mapped_file_of
 
 LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/pagemap")
-PAGE = mmap.PAGESIZE
 SEQ = "MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQKPLMN"
-
-
-def _present(tensor: torch.Tensor) -> list:
-    """Whether each page wholly inside ``tensor``'s bytes is mapped in this process (the kernel's page map)."""
-    start = tensor.data_ptr()
-    lo, hi = -(-start // PAGE), (start + tensor.numel() * tensor.element_size()) // PAGE
-    with open("/proc/self/pagemap", "rb") as handle:
-        handle.seek(lo * 8)
-        raw = handle.read((hi - lo) * 8)
-    return [bool(entry >> 63) for (entry,) in struct.iter_unpack("<Q", raw)]
 
 
 def test_mapped_tensors_equal_safetensors_own_reader(tmp_path):
@@ -72,10 +61,21 @@ def test_release_hands_back_only_the_given_tensors_pages(tmp_path):
     tensors = map_tensors(file)
     handle = MappedFile(tensors.values())
     float(tensors["a"].sum()), float(tensors["b"].sum())  # touch both
-    assert all(_present(tensors["a"])) and all(_present(tensors["b"]))
+    assert all(pages_present(tensors["a"])) and all(pages_present(tensors["b"]))
     assert handle.release([tensors["a"]]) >= 15 * PAGE
-    assert not any(_present(tensors["a"])) and all(_present(tensors["b"]))
+    assert not any(pages_present(tensors["a"])) and all(pages_present(tensors["b"]))
     assert torch.equal(tensors["a"], load_file(str(file))["a"])  # read back from the file, unchanged
+
+
+@LINUX
+def test_release_all_hands_back_every_tensors_pages(tmp_path):
+    file = tmp_path / "two.safetensors"
+    save_file({"a": torch.randn(16 * PAGE // 4), "b": torch.randn(16 * PAGE // 4)}, str(file))
+    tensors = map_tensors(file)
+    handle = MappedFile(tensors.values())
+    float(tensors["a"].sum()), float(tensors["b"].sum())
+    assert handle.release_all() >= 31 * PAGE
+    assert not any(pages_present(tensors["a"])) and not any(pages_present(tensors["b"]))
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,7 @@ def test_a_mapped_artifact_folds_identically_and_hands_block_pages_back(esmfold_
     for key in ("positions", "plddt", "ptm"):
         assert torch.equal(got[key], expected[key]), key
     weight = _largest_mapped(mapped)
-    assert weight.numel() * weight.element_size() >= 2 * PAGE and not any(_present(weight))
+    assert weight.numel() * weight.element_size() >= 2 * PAGE and not any(pages_present(weight))
     # the memory model counts one streamed unit's mapped weights, not all of them
     assert dims_of(mapped).weight_bytes < dims_of(owned).weight_bytes
     units = streamed_units(mapped)
@@ -149,3 +149,4 @@ def test_proc_reads_are_the_forked_childs_own(tmp_path):
     got, fresh, _ = json.loads(os.read(read, 4096))
     os.waitpid(pid, 0)
     assert abs(got - fresh) < 8 * 2**20
+
