@@ -1,8 +1,8 @@
 """Weights streamed from a mapped artifact: ``pp.load(mapped=True)`` and the fold that hands block pages back.
 
 References are independent of the code under test: safetensors' own reader for the mapped tensors, the
-kernel's page map (read here with ``struct``, not through ``ptq_protein.models.mapped``) for which pages
-are resident, and a model loaded into owned memory for the fold's outputs.
+kernel's page map (``tests/page_map.py`` reads it with ``struct``, not through ``ptq_protein.models.mapped``)
+for which pages are resident, and a model loaded into owned memory for the fold's outputs.
 """
 
 import json
