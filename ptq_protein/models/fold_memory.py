@@ -41,7 +41,7 @@ float model, bf16-trunk, w8a8-pwlq-stem and w8a8-pwlq with and without int8 pair
 
 * ``weights``: all of the model's, except where they live in a file mapping (``fold`` of an artifact or a
   ``.pt`` file): the stem's layers and the trunk's blocks hand their pages back after each forward, so
-  they count as the largest one (:func:`resident_weight_bytes`).
+  the largest one's (``unit``) is added to the trunk's phase only (:func:`resident_weight_bytes`).
 * ``HEAP_SLACK``: the heap keeps freed activation blocks for reuse (up to
   :data:`~ptq_protein.support.process_memory.KEEP_FREE`), so at its peak the
   process holds more than the live tensors, up to that cap; how much grows with the blocks and
@@ -65,7 +65,7 @@ change results.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from torch import nn
 
@@ -112,7 +112,8 @@ class FoldDims:
     pair_heads: int
     bins: int
     stem_heads: int
-    weight_bytes: int
+    weight_bytes: int  # held throughout the fold
+    unit_bytes: int = 0  # held while one streamed unit runs (the largest: a trunk block or stem layer)
     act_bytes: int = 4
     ipa_values: int = 600  # values per (i, j) of the IPA's point attention: heads x (6 qk points + 3 v points + 2)
     quant_width: int = 0  # widest input (channels) of an activation-quantized Linear in a pair operation
@@ -144,9 +145,11 @@ def streamed_units(model: nn.Module) -> List[nn.Module]:
     return [*(stem or ()), *(blocks or ())]
 
 
-def resident_weight_bytes(model: nn.Module) -> int:
-    """Bytes of weights a fold holds: all of them, except that the mapped weights of :func:`streamed_units`
-    count for the largest unit only (the others' pages are handed back after their forward)."""
+def resident_weight_bytes(model: nn.Module) -> Tuple[int, int]:
+    """(bytes of weights a fold holds throughout, bytes of the largest streamed unit's mapped weights).
+
+    All weights are held, except the mapped weights of :func:`streamed_units`: their pages are handed
+    back after each unit's forward, so only the running unit's are held (while the trunk runs)."""
     mapped = mapped_file_of(model)
     tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
 
@@ -154,27 +157,28 @@ def resident_weight_bytes(model: nn.Module) -> int:
         return sum(t.numel() * t.element_size() for t in ts)
 
     if mapped is None:
-        return size(tensors.values())
+        return size(tensors.values()), 0
     per_unit = []
     for unit in streamed_units(model):
         own = [t for t in [*unit.parameters(), *unit.buffers()] if mapped.contains(t)]
         for t in own:
             tensors.pop(id(t), None)
         per_unit.append(size(own))
-    return size(tensors.values()) + max(per_unit, default=0)
+    return size(tensors.values()), max(per_unit, default=0)
 
 
 def dims_of(model: nn.Module, dtype_bytes: Optional[int] = None) -> FoldDims:
     """The dimensions of a transformers ``EsmForProteinFolding`` (its config and parameters)."""
     trunk = model.config.esmfold_config.trunk
     sm = trunk.structure_module
-    weights = resident_weight_bytes(model)
+    weights, unit = resident_weight_bytes(model)
     if dtype_bytes is None:
         dtype_bytes = model.trunk.recycle_z_norm.weight.element_size()
     quantized = [m for m in model.modules() if getattr(m, "input_quant", None) is not None]
     return FoldDims(c_z=trunk.pairwise_state_dim, seq_heads=trunk.sequence_state_dim // trunk.sequence_head_width,
                     pair_heads=trunk.pairwise_state_dim // trunk.pairwise_head_width, bins=int(model.distogram_bins),
-                    stem_heads=int(model.config.num_attention_heads), weight_bytes=weights, act_bytes=dtype_bytes,
+                    stem_heads=int(model.config.num_attention_heads), weight_bytes=weights, unit_bytes=unit,
+                    act_bytes=dtype_bytes,
                     ipa_values=sm.num_heads_ipa * (6 * sm.num_qk_points + 3 * sm.num_v_points + 2),
                     quant_width=_quant_width(model), exec_bytes=EXEC_BYTES if quantized else 0,
                     fused_attention=any(getattr(m, FUSED_ATTENTION, False) for m in model.trunk.modules()))
@@ -204,7 +208,8 @@ def predict_peak(dims: FoldDims, plan: FoldPlan, resident: Optional[int] = None)
                   N_SM_INT8 * area * vector + chunk * dims.ipa_values]
     phases.append(N_STEM_ATT * batch * dims.stem_heads * (n + 2) ** 2 * b)
     live = max(phases)
-    own = FOLD_FIXED_BYTES + live + HEAP_SHARE * min(live, HEAP_SLACK_BYTES)
+    held = max(phases[0] + dims.unit_bytes, *phases[1:])  # the trunk's phase holds one streamed unit's weights
+    own = FOLD_FIXED_BYTES + held + HEAP_SHARE * min(live, HEAP_SLACK_BYTES)
     return int(max(RUNTIME_BYTES + dims.weight_bytes + dims.exec_bytes, resident or 0) + own)
 
 
