@@ -53,27 +53,29 @@ def test_a_tensor_unaligned_for_its_dtype_is_read_as_a_copy(tmp_path):
     assert got["a"].tolist() == [1, 2, 3] and torch.equal(got["b"], values)
 
 
-@LINUX
-def test_release_hands_back_only_the_given_tensors_pages(tmp_path):
-    """Two tensors of one mapped file: releasing the first leaves the second's pages mapped."""
+@pytest.fixture
+def two_touched(tmp_path):
+    """(file, its two 16-page tensors mapped and both read, their MappedFile)."""
     file = tmp_path / "two.safetensors"
     save_file({"a": torch.randn(16 * PAGE // 4), "b": torch.randn(16 * PAGE // 4)}, str(file))
     tensors = map_tensors(file)
-    handle = MappedFile(tensors.values())
     float(tensors["a"].sum()), float(tensors["b"].sum())  # touch both
     assert all(pages_present(tensors["a"])) and all(pages_present(tensors["b"]))
+    return file, tensors, MappedFile(tensors.values())
+
+
+@LINUX
+def test_release_hands_back_only_the_given_tensors_pages(two_touched):
+    """Two tensors of one mapped file: releasing the first leaves the second's pages mapped."""
+    file, tensors, handle = two_touched
     assert handle.release([tensors["a"]]) >= 15 * PAGE
     assert not any(pages_present(tensors["a"])) and all(pages_present(tensors["b"]))
     assert torch.equal(tensors["a"], load_file(str(file))["a"])  # read back from the file, unchanged
 
 
 @LINUX
-def test_release_all_hands_back_every_tensors_pages(tmp_path):
-    file = tmp_path / "two.safetensors"
-    save_file({"a": torch.randn(16 * PAGE // 4), "b": torch.randn(16 * PAGE // 4)}, str(file))
-    tensors = map_tensors(file)
-    handle = MappedFile(tensors.values())
-    float(tensors["a"].sum()), float(tensors["b"].sum())
+def test_release_all_hands_back_every_tensors_pages(two_touched):
+    _, tensors, handle = two_touched
     assert handle.release_all() >= 31 * PAGE
     assert not any(pages_present(tensors["a"])) and not any(pages_present(tensors["b"]))
 
