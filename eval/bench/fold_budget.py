@@ -58,8 +58,10 @@ def fold_budget(max_memory: Optional[int] = None) -> Optional[int]:
 
 
 @contextlib.contextmanager
-def planned_fold(model: nn.Module, length: int, max_memory: Optional[int] = None) -> Iterator[Optional[FoldPlan]]:
-    """Run a fold of ``length`` residues under the plan that fits (the trunk's chunk size set meanwhile).
+def planned_fold(model: nn.Module, length: int, max_memory: Optional[int] = None,
+                 recycles: Optional[int] = None) -> Iterator[Optional[FoldPlan]]:
+    """Run a fold of ``length`` residues (``recycles``: None, the model's own) under the plan that fits (the
+    trunk's chunk size set meanwhile).
 
     Raises :class:`FoldRefused` when no chunk size fits the budget. Models without an
     ESMFold trunk config, or a machine whose free memory is unknown, fold unchecked.
@@ -75,13 +77,13 @@ def planned_fold(model: nn.Module, length: int, max_memory: Optional[int] = None
     resident = resident_before_fold()
     margin = _MARGINS.get(model, 1.0)
     room = int(budget / margin)  # an earlier fold of this model peaked above its prediction: keep that margin
-    plan = choose_plan(dims, length, room, pair_bits=bits, chunks=chunks, resident=resident)
+    plan = choose_plan(dims, length, room, pair_bits=bits, chunks=chunks, resident=resident, recycles=recycles)
     if plan is None:
-        raise FoldRefused(_refusal(model, length, room, bits, min(c for c in chunks if c is not None), resident)
-                          + _margin_note(margin))
+        raise FoldRefused(_refusal(model, length, room, bits, min(c for c in chunks if c is not None), resident,
+                                   recycles) + _margin_note(margin))
     predicted = predict_peak(dims, plan, resident)
     unmargined = plan if margin == 1.0 else choose_plan(dims, length, budget, pair_bits=bits, chunks=chunks,
-                                                        resident=resident)
+                                                        resident=resident, recycles=recycles)
     if plan.chunk != own:
         log.warning("%d residues: predicted peak %.1f GiB within the %.1f GiB budget with %s (the model's: %s)%s",
                     length, predicted * margin / _GIB, budget / _GIB, plan.describe(),
@@ -136,15 +138,15 @@ def resident_before_fold() -> int:
 
 
 def longest_fitting(model: nn.Module, budget: int, pair_bits: Optional[int], chunk: int,
-                    resident: Optional[int] = None) -> int:
+                    resident: Optional[int] = None, recycles: Optional[int] = None) -> int:
     """The longest length (residues) whose predicted peak at ``chunk`` is within ``budget`` bytes (0: none).
 
-    ``resident``: as :func:`~ptq_protein.models.fold_memory.predict_peak`'s.
+    ``resident``: as :func:`~ptq_protein.models.fold_memory.predict_peak`'s; ``recycles``: as ``FoldPlan``'s.
     """
     dims = dims_of(model)
 
     def fits(n: int) -> bool:
-        return predict_peak(dims, FoldPlan(n, 1, chunk, pair_bits), resident) <= budget
+        return predict_peak(dims, FoldPlan(n, 1, chunk, pair_bits, recycles), resident) <= budget
 
     low, high = 0, 1
     while fits(high) and high < 1 << 20:
@@ -155,11 +157,12 @@ def longest_fitting(model: nn.Module, budget: int, pair_bits: Optional[int], chu
     return low
 
 
-def _refusal(model: nn.Module, length: int, budget: int, bits: Optional[int], smallest: int, resident: int) -> str:
-    need = predict_peak(dims_of(model), FoldPlan(length, 1, smallest, bits), resident)
+def _refusal(model: nn.Module, length: int, budget: int, bits: Optional[int], smallest: int, resident: int,
+             recycles: Optional[int]) -> str:
+    need = predict_peak(dims_of(model), FoldPlan(length, 1, smallest, bits, recycles), resident)
     text = (f"{length} residues need ~{need / _GIB:.1f} GiB even at chunk size {smallest}"
             f"{'' if bits is None else f' with int{bits} pair activations'}, over the {budget / _GIB:.1f} GiB "
-            f"budget; up to {longest_fitting(model, budget, bits, smallest, resident)} residues fit")
+            f"budget; up to {longest_fitting(model, budget, bits, smallest, resident, recycles)} residues fit")
     if bits is None:
-        text += f" (with --pair-bits 8: up to {longest_fitting(model, budget, 8, smallest, resident)})"
+        text += f" (with --pair-bits 8: up to {longest_fitting(model, budget, 8, smallest, resident, recycles)})"
     return text + "; raise --max-memory or use a machine with more memory"

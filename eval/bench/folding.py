@@ -58,7 +58,7 @@ def fold_output(model: nn.Module, sequence: str, num_recycles: Optional[int] = N
     from ptq_protein.models.adapters import HFEsmFoldAdapter
 
     adapter = HFEsmFoldAdapter(model)
-    with planned_fold(model, len(sequence), max_memory), \
+    with planned_fold(model, len(sequence), max_memory, num_recycles), \
             release_after_forward(model, mapped_file_of(model), units=streamed_units(model)), \
             fold_progress(model, progress or "", num_recycles, show=progress is not None):
         output = adapter.forward(model, adapter.make_batch([sequence]), num_recycles=num_recycles)

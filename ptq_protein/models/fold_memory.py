@@ -36,7 +36,7 @@ What a process's resident size adds to the tensors alive (``live``, the largest 
 with ``ptq-protein fold`` on a real-width random ESMFold (4 blocks, 8M stem) at 60-150 residues for the
 float model, bf16-trunk, w8a8-pwlq-stem and w8a8-pwlq with and without int8 pairs (issue 52)::
 
-    own    = FOLD_FIXED + live + HEAP_SHARE min(live, HEAP_SLACK)
+    own    = FOLD_FIXED + live + heap_share(passes) min(live, HEAP_SLACK)
     base   = max(RUNTIME + weights + exec, resident)
 
 * ``weights``: all of the model's, except where they live in a file mapping (``fold`` of an artifact or a
@@ -44,9 +44,11 @@ float model, bf16-trunk, w8a8-pwlq-stem and w8a8-pwlq with and without int8 pair
   the largest one's (``unit``) is added to the trunk's phase only (:func:`resident_weight_bytes`).
 * ``HEAP_SLACK``: the heap keeps freed activation blocks for reuse (up to
   :data:`~ptq_protein.support.process_memory.KEEP_FREE`), so at its peak the
-  process holds more than the live tensors, up to that cap; how much grows with the blocks and
-  recycles run (4 blocks, 4 recycles: 2.1x the live tensors at 150 residues; 1 block, 1 recycle:
-  1.3x), so ``HEAP_SHARE`` is their middle.
+  process holds more than the live tensors. How much grows with the trunk block forwards a fold runs
+  (``passes``: blocks x trunk passes, the recycles plus the first): :func:`heap_share`, fitted on
+  real-width folds at 100-150 residues (1 block x 1-4 passes: 0-0.35 of the live tensors; 6 x 2: 0.54;
+  48 x 5: 1.45), a share of ``HEAP_SHARE_GROWTH`` per e-fold of passes beyond two, at most
+  ``HEAP_SHARE_MAX``.
 * ``FOLD_FIXED``: a fold's first run (imports of the structure writer, thread workspaces).
 * ``exec``: a model with quantized activations compiles its quantizer loops on the first forward
   (:mod:`ptq_protein.nn.fused`, about 80 MiB resident for good).
@@ -64,6 +66,7 @@ change results.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -74,7 +77,7 @@ from ptq_protein.models.mapped import mapped_file_of
 from ptq_protein.support.process_memory import KEEP_FREE
 
 __all__ = ["FoldDims", "FoldPlan", "dims_of", "streamed_units", "resident_weight_bytes", "predict_peak",
-           "choose_plan", "CHUNK_CHOICES", "RUNTIME_BYTES", "pair_int8_vector_bytes"]
+           "choose_plan", "heap_share", "CHUNK_CHOICES", "RUNTIME_BYTES", "pair_int8_vector_bytes"]
 
 RUNTIME_BYTES = 465 * 2 ** 20  # measured: Python + torch + transformers + the toolkit, before any model
 CHUNK_CHOICES = (None, 512, 256, 128, 64, 32, 16, 8, 4)  # tried largest first (None: unchunked, the fastest)
@@ -83,7 +86,9 @@ PAIR_INT8_GROUP = 16  # channels sharing a scale and offset (ptq_protein.nn.pair
 PAIR_INT8_GROUP_BYTES = 4  # a bfloat16 scale and a bfloat16 offset per group
 FOLD_FIXED_BYTES = 24 * 2 ** 20  # a fold's first run besides its tensors (imports, thread workspaces)
 HEAP_SLACK_BYTES = KEEP_FREE  # freed activation blocks the heap keeps for reuse, at most
-HEAP_SHARE = 0.7  # fitted: the share of min(live, HEAP_SLACK_BYTES) resident on top of the live tensors
+# fitted (heap_share): the share of min(live, HEAP_SLACK_BYTES) resident on top of the live tensors
+HEAP_SHARE_GROWTH = 0.3  # per e-fold of trunk block forwards beyond two
+HEAP_SHARE_MAX = 1.5
 EXEC_BYTES = 80 * 2 ** 20  # measured: the compiled quantizer loops of a model with quantized activations
 # Fitted counts (see the module docstring): tensors alive at each phase's peak.
 N_PAIR = 9.5  # float pair-sized tensors: recycling inputs, the state, its update, LayerNorm, a, b, gate
@@ -119,16 +124,20 @@ class FoldDims:
     quant_width: int = 0  # widest input (channels) of an activation-quantized Linear in a pair operation
     fused_attention: bool = False  # the triangle attentions run as torch's fused kernel (bf16-trunk)
     exec_bytes: int = 0  # one-time bytes of the first forward (the compiled quantizer loops)
+    blocks: int = 1  # trunk blocks
+    trunk_passes: int = 1  # trunk passes of a fold with the model's own recycles (transformers: max_recycles)
 
 
 @dataclass(frozen=True)
 class FoldPlan:
-    """One fold: ``length`` residues, ``batch`` sequences, triangle-attention ``chunk`` (None: unchunked)."""
+    """One fold: ``length`` residues, ``batch`` sequences, triangle-attention ``chunk`` (None: unchunked),
+    ``recycles`` (None: the model's own, ``FoldDims.trunk_passes`` passes; n: n + 1 passes)."""
 
     length: int
     batch: int = 1
     chunk: Optional[int] = None
     pair_bits: Optional[int] = None
+    recycles: Optional[int] = None
 
     def describe(self) -> str:
         chunk = "unchunked" if self.chunk is None else f"chunk size {self.chunk}"
@@ -181,7 +190,8 @@ def dims_of(model: nn.Module, dtype_bytes: Optional[int] = None) -> FoldDims:
                     act_bytes=dtype_bytes,
                     ipa_values=sm.num_heads_ipa * (6 * sm.num_qk_points + 3 * sm.num_v_points + 2),
                     quant_width=_quant_width(model), exec_bytes=EXEC_BYTES if quantized else 0,
-                    fused_attention=any(getattr(m, FUSED_ATTENTION, False) for m in model.trunk.modules()))
+                    fused_attention=any(getattr(m, FUSED_ATTENTION, False) for m in model.trunk.modules()),
+                    blocks=len(model.trunk.blocks), trunk_passes=int(trunk.max_recycles))
 
 
 def predict_peak(dims: FoldDims, plan: FoldPlan, resident: Optional[int] = None) -> int:
@@ -209,8 +219,15 @@ def predict_peak(dims: FoldDims, plan: FoldPlan, resident: Optional[int] = None)
     phases.append(N_STEM_ATT * batch * dims.stem_heads * (n + 2) ** 2 * b)
     live = max(phases)
     held = max(phases[0] + dims.unit_bytes, *phases[1:])  # the trunk's phase holds one streamed unit's weights
-    own = FOLD_FIXED_BYTES + held + HEAP_SHARE * min(live, HEAP_SLACK_BYTES)
+    passes = dims.blocks * (dims.trunk_passes if plan.recycles is None else plan.recycles + 1)
+    own = FOLD_FIXED_BYTES + held + heap_share(passes) * min(live, HEAP_SLACK_BYTES)
     return int(max(RUNTIME_BYTES + dims.weight_bytes + dims.exec_bytes, resident or 0) + own)
+
+
+def heap_share(passes: int) -> float:
+    """The share of the live tensors (up to the heap's kept free top) a fold of ``passes`` trunk block forwards
+    holds on top of them: each forward frees blocks of other sizes, so the heap's free lists grow with them."""
+    return min(HEAP_SHARE_MAX, max(0.0, HEAP_SHARE_GROWTH * math.log(max(passes, 1) / 2)))
 
 
 def _quant_width(model: nn.Module) -> int:
@@ -229,13 +246,14 @@ def pair_int8_vector_bytes(c_z: int) -> int:
 
 
 def choose_plan(dims: FoldDims, length: int, budget: int, *, batch: int = 1, pair_bits: Optional[int] = None,
-                chunks: Sequence[Optional[int]] = CHUNK_CHOICES, resident: Optional[int] = None) -> Optional[FoldPlan]:
+                chunks: Sequence[Optional[int]] = CHUNK_CHOICES, resident: Optional[int] = None,
+                recycles: Optional[int] = None) -> Optional[FoldPlan]:
     """The fastest plan (the largest chunk, unchunked first) whose predicted peak is within ``budget`` bytes.
 
-    None when no plan fits. ``resident``: as :func:`predict_peak`'s.
+    None when no plan fits. ``resident``: as :func:`predict_peak`'s; ``recycles``: as :class:`FoldPlan`'s.
     """
     for chunk in chunks:
-        plan = FoldPlan(length, batch, chunk, pair_bits)
+        plan = FoldPlan(length, batch, chunk, pair_bits, recycles)
         if predict_peak(dims, plan, resident) <= budget:
             return plan
     return None

@@ -1,6 +1,9 @@
 """The fold's memory check: the memory model's shape, the chunk it picks, one-line refusals that spare the others."""
 
+import dataclasses
 import logging
+import math
+import weakref
 
 import pytest
 import torch
@@ -11,17 +14,50 @@ from ptq_protein.eval.bench import fold_budget
 from ptq_protein.eval.bench.fold_budget import FoldRefused, longest_fitting, planned_fold
 from ptq_protein.models.fold_memory import (
     CHUNK_CHOICES,
+    HEAP_SHARE_GROWTH,
+    HEAP_SHARE_MAX,
     PAIR_INT8_ROWS,
     RUNTIME_BYTES,
     FoldDims,
     FoldPlan,
     choose_plan,
     dims_of,
+    heap_share,
     pair_int8_vector_bytes,
     predict_peak,
 )
 
 REAL = FoldDims(c_z=128, seq_heads=32, pair_heads=4, bins=64, stem_heads=20, weight_bytes=150 << 20)
+
+
+@pytest.fixture(autouse=True)
+def _no_margins(monkeypatch):
+    """Each test starts with no measured margins: an earlier in-process fold of the session's tiny model must not
+    change the plans asserted here."""
+    monkeypatch.setattr(fold_budget, "_MARGINS", weakref.WeakKeyDictionary())
+
+
+def test_the_heap_slack_grows_with_the_trunk_block_forwards_a_fold_runs():
+    """48 blocks x 4 passes hold more freed blocks than 1 block x 2: the share of the live tensors, by passes."""
+    assert heap_share(1) == heap_share(2) == 0.0
+    assert math.isclose(heap_share(2 * math.e), HEAP_SHARE_GROWTH)  # the closed form: per e-fold beyond two
+    assert heap_share(10 ** 9) == HEAP_SHARE_MAX
+    v1 = dataclasses.replace(REAL, blocks=48, trunk_passes=4)
+    assert predict_peak(v1, FoldPlan(100)) == predict_peak(v1, FoldPlan(100, recycles=3))  # the model's own: 4
+    one = predict_peak(v1, FoldPlan(100, recycles=0))
+    grown = [predict_peak(v1, FoldPlan(100, recycles=r)) - one for r in (1, 3)]
+    # only the slack term differs, share x the same live tensors: the steps are in the shares' ratio
+    expected = (heap_share(96) - heap_share(48)) / (heap_share(192) - heap_share(48))
+    assert grown[1] > grown[0] > 0 and math.isclose(grown[0] / grown[1], expected, rel_tol=1e-6)
+
+
+def test_the_fold_plans_with_the_recycles_it_runs(esmfold, monkeypatch):
+    seen = []
+    chosen = fold_budget.choose_plan
+    monkeypatch.setattr(fold_budget, "choose_plan", lambda *a, **k: seen.append(k["recycles"]) or chosen(*a, **k))
+    with planned_fold(esmfold, 50, 10 << 40, recycles=2) as plan:
+        assert plan.recycles == 2
+    assert seen == [2]
 
 
 def test_the_pair_terms_grow_as_length_squared_and_the_unchunked_attention_as_its_cube():
