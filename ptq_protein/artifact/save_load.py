@@ -356,9 +356,7 @@ def verified_recipe(path: Union[str, Path]) -> Dict[str, Any]:
 
 def read_verified(path: Path) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]]:
     """The artifact's recipe and tensors, each checked against the seal (see the module docstring)."""
-    recipe = _read_recipe(path)
-    _verify(path, recipe)
-    warn_if_unfaithful(recipe, path)
+    recipe = _sealed_recipe(path)
     tensors = read_tensors(path / TENSORS)  # owned, read once: the model adopts them (no second copy)
     check_tensors(recipe, tensors, path / RECIPE, path / TENSORS)
     return recipe, tensors
@@ -371,14 +369,20 @@ def read_verified_mapped(path: Path) -> Tuple[Dict[str, Any], Dict[str, torch.Te
     leave it resident. A file rewritten in place afterwards (never by ``quantize``, which replaces the
     folder) would be read as it is then: the seal covers the bytes read here.
     """
-    recipe = _read_recipe(path)
-    _verify(path, recipe)
-    warn_if_unfaithful(recipe, path)
+    recipe = _sealed_recipe(path)
     tensors = map_tensors(path / TENSORS)
     handle = MappedFile(tensors.values()) if tensors else None
     release = None if handle is None else (lambda tensor: handle.release([tensor]))
     check_tensors(recipe, tensors, path / RECIPE, path / TENSORS, after=release)
     return recipe, tensors, handle
+
+
+def _sealed_recipe(path: Path) -> Dict[str, Any]:
+    """The artifact's recipe once its files match the seal (warned when the recipe is not study-faithful)."""
+    recipe = _read_recipe(path)
+    _verify(path, recipe)
+    warn_if_unfaithful(recipe, path)
+    return recipe
 
 
 def _check_device(device: Any) -> None:
