@@ -309,3 +309,14 @@ def test_bench_fold_model_is_one_esmfold_in_both_layouts_and_its_targets_span_th
     assert len(chosen) == 4 and lengths == sorted(lengths) and 60 <= lengths[0] and lengths[-1] <= 150
     with pytest.raises(SystemExit, match="only"):
         fold.targets(500, 60, 150)
+
+
+def test_a_bench_recipe_with_an_alpha_quantizes_with_that_option(monkeypatch, tmp_path):
+    """``PRESET@A`` in ``--recipes``: ``quantize --preset PRESET --smoothquant-alpha A``; a plain name adds none."""
+    prepare = _bench("prepare")
+    seen = []
+    monkeypatch.setattr(prepare, "run_measured", lambda argv, env, log=None: seen.append(argv))
+    prepare.quantize(tmp_path / "m.pt", "w8a8-smoothquant@auto", tmp_path / "a", {})
+    prepare.quantize(tmp_path / "m.pt", "w8a8-smoothquant", tmp_path / "b", {})
+    assert seen[0][-6:] == ["--preset", "w8a8-smoothquant", "--smoothquant-alpha", "auto", "--out", str(tmp_path / "a")]
+    assert seen[1][-4:] == ["--preset", "w8a8-smoothquant", "--out", str(tmp_path / "b")]

@@ -59,7 +59,8 @@ def register(subparsers) -> None:
     add_calib_crop_option(p)
     p.add_argument("--smoothquant-alpha", metavar="A|auto",
                    help="*-smoothquant* presets: SmoothQuant's migration strength in [0, 1] (preset: 0.5), or 'auto' "
-                        "to pick it from a grid by the fidelity check's error (one quantize per grid point)")
+                        "to pick it, or no smoothing, from a grid by the fidelity check's error (one quantize per "
+                        "grid point)")
     p.add_argument("--low-memory", action="store_true",
                    help="fair-esm ESM-2 files: stream the model layer by layer from the memory-mapped checkpoint "
                         "(peak memory about the int8 model plus one float layer); same artifact as the default")
@@ -237,7 +238,8 @@ def _tuned_recipe(args: argparse.Namespace, loaded, recipe: str, alpha, crop):
     tuned, trials = search_smoothquant_alpha(loaded.model, cfg, loaded.validate(list(chosen.sequences)),
                                              calibration=args.calib, batch_size=args.batch_size,
                                              num_recycles=args.num_recycles, calib_max_length=crop)
-    return tuned, {"chosen": tuned.smoothquant.alpha, "scored_on": list(chosen.ids),
+    return tuned, {"chosen": None if tuned.smoothquant is None else tuned.smoothquant.alpha,
+                   "scored_on": list(chosen.ids),
                    "trials": [t.to_dict() for t in trials]}
 
 
@@ -352,8 +354,8 @@ def _print_summary(summary: dict, demo: bool) -> None:
               "FP32 (docs/int8.md); --compare w8a8-smoothquant shows its error here")
     search = summary.get("smoothquant_alpha")
     if search:
-        print(f"smoothquant alpha {search['chosen']:g}, the lowest relative error vs FP on "
-              f"{', '.join(search['scored_on'])}: " + ", ".join(f"{t['alpha']:g} {t['relative_error']:.4f}"
+        print(f"smoothquant alpha {_alpha_text(search['chosen'])}, the lowest relative error vs FP on "
+              f"{', '.join(search['scored_on'])}: " + ", ".join(f"{_alpha_text(t['alpha'])} {t['relative_error']:.4f}"
                                                          for t in search["trials"]))
     plan = summary.get("plan")
     if plan:
@@ -363,6 +365,10 @@ def _print_summary(summary: dict, demo: bool) -> None:
             print(f"  {unit['unit']:<40} {unit['choice']}")
     if summary.get("comparison"):
         print_comparison(summary["comparison"], demo)
+
+
+def _alpha_text(alpha: Optional[float]) -> str:
+    return "off (no smoothing)" if alpha is None else f"{alpha:g}"
 
 
 def _family_hint(args: argparse.Namespace) -> Optional[str]:

@@ -61,12 +61,13 @@ def lm_point(cfg: QuantConfig) -> str:
     most 8 bits: every quantized Linear is one integer GEMM (a static per-tensor recipe runs ESM-2's fused
     integer layer; a per-token one needs no calibration). ``"accurate"``: 8-bit piecewise-linear activations,
     which keep the pre-LayerNorm outliers without clipping (the default, ``w8a8-pwlq``): several integer GEMMs
-    per site, about float speed. ``""``: neither (weights only, FP8, other widths, the study's reproductions).
+    per site, about float speed; or a recipe that keeps whole layers in floating point (``exclude``), which
+    trades their speed for accuracy. ``""``: neither (weights only, FP8, other widths, the study's reproductions).
     """
     acts, weights = cfg.activations, cfg.weights
     if acts is None or weights is None or cfg.study is not None or acts.bits != 8:
         return ""
-    if acts.scheme is Scheme.PWLQ:
+    if acts.scheme is Scheme.PWLQ or cfg.exclude:
         return "accurate"
     one_gemm = acts.granularity in (Granularity.PER_TENSOR, Granularity.PER_TOKEN)
     if acts.scheme is Scheme.UNIFORM and one_gemm and weights.scheme is Scheme.UNIFORM and weights.bits <= 8:

@@ -236,7 +236,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--seqs", type=int, default=None, help=f"bundled sequences (default {ISSUE_SEQS})")
     p.add_argument("--reps", type=int, default=None, help="timed runs per row after the warm-up (default 3)")
     p.add_argument("--recipes", nargs="+", default=None,
-                   help=f"presets quantized and embedded (default {' '.join(prepare.RECIPES)}; --quick: the first)")
+                   help=f"presets quantized and embedded (default {' '.join(prepare.RECIPES)}; --quick: the first); "
+                   "PRESET@A quantizes with --smoothquant-alpha A (a number or auto)")
     p.add_argument("--recommended", default=prepare.RECOMMENDED, help="the recipe of the ONNX, HF-folder and goal rows")
     p.add_argument("--rows", nargs="+", default=[], help="only these row keys (hf32 hf16 dyn ort pt2e ov32 ov ov8 fp "
                    "fp-bf16 hf-fp, a recipe name) besides fair-esm's loop, which always runs: default every row")

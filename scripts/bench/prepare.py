@@ -117,8 +117,13 @@ def calibration_fasta(path: Path) -> Path:
 
 
 def quantize(model_path: Path, recipe: str, out: Path, env: Mapping[str, str], log: Optional[Path] = None) -> Measured:
-    """``ptq-protein quantize MODEL --preset RECIPE --out ART``, default options, a whole process."""
-    return run_measured([*cli(), "quantize", str(model_path), "--preset", recipe, "--out", str(out)], env, log=log)
+    """``ptq-protein quantize MODEL --preset RECIPE --out ART``, default options, a whole process.
+
+    ``PRESET@ALPHA`` adds ``--smoothquant-alpha ALPHA`` (a number, or ``auto``)."""
+    preset, _, alpha = recipe.partition("@")
+    extra = ["--smoothquant-alpha", alpha] if alpha else []
+    return run_measured([*cli(), "quantize", str(model_path), "--preset", preset, *extra, "--out", str(out)], env,
+                        log=log)
 
 
 def export_onnx(artifact: Path, out: Path, env: Mapping[str, str], log: Optional[Path] = None) -> Measured:

@@ -154,3 +154,30 @@ def test_esmfold_baselines_infer_without_nan(esmfold, seqs, name):
     assert {"esm", "trunk"} <= {s.group for s in q.ptq_state.sites}
     out = q.infer(seqs[1])
     assert torch.isfinite(out["positions"]).all() and torch.isfinite(out["plddt"]).all()
+
+
+
+@pytest.mark.parametrize("fixture", ["esm2", "hf_esm2", "esmc"])
+def test_the_pertoken_preset_keeps_the_first_layer_and_special_rows_in_float(fixture, request, calib_seqs):
+    """``w8a8-smoothquant-gptq-pertoken``: the Linears ``w8a8-smoothquant-gptq`` swaps, less the first transformer
+    layer's (found here by each family's module names), run integer codes of per-token dynamic activations, with the
+    BOS/EOS rows kept in float."""
+    import re
+
+    from ptq_protein.nn.modules import ActQuantizer
+
+    model = request.getfixturevalue(fixture)
+    calib = list(calib_seqs[:2])
+
+    def swapped(recipe):
+        q = pp.quantize(model, recipe, calibration=calib, backend="int8")
+        return q, {n for n, m in q.named_modules() if isinstance(m, QuantLinear)}
+
+    q, ours = swapped("w8a8-smoothquant-gptq-pertoken")
+    _, every = swapped("w8a8-smoothquant-gptq")
+    first = {n for n in every if re.search(r"(^|\.)(layers|layer|blocks)\.0\.", n)}
+    assert first and ours == every - first
+    quants = [m for m in q.modules() if isinstance(m, ActQuantizer)]
+    assert quants and all(a.spec.granularity.value == "per_token" and a.spec.dynamic and a.spec.symmetric
+                          for a in quants)
+    assert all(a.special_tokens is not None for a in quants)  # BOS/EOS rows bypass the quantizer

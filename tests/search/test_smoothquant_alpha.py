@@ -29,6 +29,21 @@ def test_search_scores_each_alpha_and_returns_the_best(esm2, calib_seqs, metric_
     assert all(v.equal(esm2.state_dict()[k]) for k, v in before.items())  # the caller's model is untouched
 
 
+def test_no_smoothing_is_a_grid_point_and_wins_where_it_errs_least(esm2, calib_seqs, metric_seqs):
+    """None on the grid quantizes without SmoothQuant: its error is that recipe's, and the search returns the
+    recipe without SmoothQuant when that error is the least."""
+    cfg, trials = search_smoothquant_alpha(esm2, "w8a8-smoothquant", metric_seqs, alphas=(None, 1.0),
+                                           calibration=calib_seqs)
+    plain = pp.get_preset("w8a8-smoothquant").replace(smoothquant=None)
+    again = compare_models(esm2, pp.quantize(esm2, plain, calibration=calib_seqs), metric_seqs)
+    assert trials[0].alpha is None and trials[0].relative_error == pytest.approx(again["relative_error"], rel=1e-6)
+    best = min(trials, key=lambda t: t.relative_error)
+    assert (cfg.smoothquant is None) == (best.alpha is None)
+    only_off, [trial] = search_smoothquant_alpha(esm2, "w8a8-smoothquant", metric_seqs, alphas=(None,),
+                                                 calibration=calib_seqs)
+    assert only_off.smoothquant is None and trial.relative_error == trials[0].relative_error
+
+
 def test_search_refuses_recipes_without_smoothquant_and_bad_grids(esm2, metric_seqs):
     with pytest.raises(InputError, match="no SmoothQuant step"):
         search_smoothquant_alpha(esm2, "w8a8-uniform", metric_seqs)
@@ -54,6 +69,8 @@ def test_cli_auto_alpha_is_recorded_in_the_summary_and_the_artifact(tmp_path, ca
     captured = capsys.readouterr()
     assert code == 0, captured.err
     search = json.loads(captured.out)["smoothquant_alpha"]
-    assert [t["alpha"] for t in search["trials"]] == [0.3, 0.4, 0.5, 0.6, 0.7, 0.8] and len(search["scored_on"]) == 2
+    assert [t["alpha"] for t in search["trials"]] == [None, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]
+    assert len(search["scored_on"]) == 2
     assert search["chosen"] == min(search["trials"], key=lambda t: t["relative_error"])["alpha"]
-    assert pp.load(out).ptq_state.config.smoothquant.alpha == search["chosen"]
+    smoothing = pp.load(out).ptq_state.config.smoothquant
+    assert (smoothing is None) if search["chosen"] is None else smoothing.alpha == search["chosen"]
