@@ -372,8 +372,7 @@ def read_verified_mapped(path: Path) -> Tuple[Dict[str, Any], Dict[str, torch.Te
     recipe = _sealed_recipe(path)
     tensors = map_tensors(path / TENSORS)
     handle = MappedFile(tensors.values()) if tensors else None
-    release = None if handle is None else (lambda tensor: handle.release([tensor]))
-    check_tensors(recipe, tensors, path / RECIPE, path / TENSORS, after=release)
+    check_tensors(recipe, tensors, path / RECIPE, path / TENSORS, after=None if handle is None else handle.release_one)
     return recipe, tensors, handle
 
 

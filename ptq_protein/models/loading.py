@@ -308,7 +308,7 @@ def _load_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: 
         check_name_fits(name, loaded.model, str(path))  # a published name on a file of other shapes
     if check_finite:
         mapped = mapped_file_of(loaded.model)  # a mapped file's pages are handed back as they are checked
-        check_finite_weights(loaded.model, str(path), after=None if mapped is None else lambda t: mapped.release([t]))
+        check_finite_weights(loaded.model, str(path), after=None if mapped is None else mapped.release_one)
     return loaded
 
 

@@ -101,6 +101,10 @@ class MappedFile:
         """
         return self._release_spans(_merged(tensor_span(t) for t in tensors if self.contains(t)))
 
+    def release_one(self, tensor: torch.Tensor) -> int:
+        """:meth:`release` of one tensor: the hook a check calls once it has read that tensor."""
+        return self.release([tensor])
+
     def release_all(self) -> int:
         """Drop every unwritten page of the recorded storages (after a pass that read them all: a check, a cast)."""
         return self._release_spans(list(zip(self._starts, self._ends)))
