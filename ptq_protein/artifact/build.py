@@ -21,6 +21,7 @@ from ptq_protein.calibration.sites import Site, set_module
 from ptq_protein.kernels.packing import unpack_int4
 from ptq_protein.models.architecture import build_architecture
 from ptq_protein.models.float_dtypes import apply_float_dtypes
+from ptq_protein.models.fused_float import use_fast_float_if_integer_
 from ptq_protein.nn.backend_choice import announce, choose_backend
 from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.nn.pair_int8 import use_pair_int8
@@ -78,6 +79,7 @@ def build_from_recipe(recipe: Dict[str, Any], tensors: Dict[str, torch.Tensor], 
     apply_special_tokens_(model, adapter, config)
     if config.pair_bits is not None:
         use_pair_int8(model, config.pair_bits)
+    use_fast_float_if_integer_(model)  # the layers a recipe keeps in float run fused as its integer ones do
     model.ptq_state = _state(recipe, config, path)
     model.ptq_recipe = recipe
     tensors.clear()  # the skeleton's float weights, replaced above, were freed: loading() trims them

@@ -18,7 +18,8 @@ The quantized GEMMs around them are unchanged; these operations are float either
 way, so only float32 rounding differs (attention output ~1e-7 relative, tested;
 a rounding difference may flip an activation code at a tie downstream).
 
-They run only on integer models (fc1 / the q projection runs ``backend="int8"``):
+They run only on integer models (fc1 / the q projection runs ``backend="int8"``, and
+the layers such a model's recipe keeps in float: :func:`use_fast_float_if_integer_`):
 the fake backend stays the simulation of record, bit for bit. Attention keeps the
 explicit path when the weights are requested, in training, with incremental
 state, attention masks or bias_k, and while a torch function mode is active (the
@@ -41,7 +42,7 @@ from torch.nn import functional as F
 from ptq_protein.models.encoder_roles import EncoderLayer, layer_runner
 from ptq_protein.recipes.config import Backend
 
-__all__ = ["use_fused_float_", "use_fast_float_", "fused_attention_runs"]
+__all__ = ["use_fused_float_", "use_fast_float_", "use_fast_float_if_integer_", "fused_attention_runs"]
 
 
 def _base_classes() -> Tuple[type, type]:
@@ -118,6 +119,16 @@ def use_fast_float_(model: nn.Module) -> int:
         if getattr(module, "fused_float", False):
             module.fast_float = True
     return count
+
+
+def use_fast_float_if_integer_(model: nn.Module) -> int:
+    """:func:`use_fast_float_` on a model that runs integer linears (``backend="int8"``), so that the layers a
+    recipe keeps in float (``exclude``) run fused as its integer layers do; a fake-backend model keeps
+    fair-esm's arithmetic, the simulation of record. Returns how many attention modules run fused (0: none
+    touched)."""
+    if not any(getattr(m, "backend", None) is Backend.INT8 for m in model.modules()):
+        return 0
+    return use_fast_float_(model)
 
 
 def fused_attention_runs(module: nn.Module, need_head_weights: bool = False, **call) -> bool:

@@ -15,6 +15,7 @@ import ptq_protein as pp
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.fused_float import _attention, fused_attention_runs, use_fused_float_
 from ptq_protein.models.tiny import tiny_esm2
+from ptq_protein.recipes.presets import resolve_config
 
 esm_mha = pytest.importorskip("esm.multihead_attention")
 
@@ -192,6 +193,34 @@ def test_int8_layers_run_one_pass_gelu_within_float_rounding(gelu_calls, sdpa_ca
         explicit = _explicit(qmodel)(tokens)["logits"]
         fake = _quantized("w8-only", backend="fake")(tokens)["logits"]
     assert gelu_calls[0] == sdpa_calls[0] == len(qmodel.layers)
+    assert _rel(fused[real], explicit[real]) < 1e-5
+    torch.testing.assert_close(explicit, fake, rtol=0, atol=0)
+
+
+def _layer0_float(backend):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = resolve_config("w8-only").replace(exclude=("layers.0.*",))
+        return pp.quantize(tiny_esm2(seed=0)[0], cfg, calibration=list(SEQS), backend=backend)
+
+
+def test_float_layers_of_an_int8_model_run_fused(tmp_path, gelu_calls, sdpa_calls):
+    """A layer the recipe keeps in float takes the fused attention and GELU in an integer model, as quantized and
+    as loaded; the fake-backend model keeps fair-esm's arithmetic in it. Weight-only codes: equal to fair-esm's
+    own forward to float32 rounding."""
+    qmodel = _layer0_float("int8")
+    assert type(qmodel.layers[0].fc1) is torch.nn.Linear  # kept in float
+    tokens = _padded_tokens(qmodel)
+    real = tokens != qmodel.padding_idx
+    pp.save(qmodel, tmp_path / "a")
+    with torch.no_grad():
+        fused = qmodel(tokens)["logits"]
+        assert gelu_calls[0] == sdpa_calls[0] == len(qmodel.layers)
+        pp.load(tmp_path / "a", backend="int8")(tokens)
+        assert gelu_calls[0] == sdpa_calls[0] == 2 * len(qmodel.layers)
+        fake = _layer0_float("fake")(tokens)["logits"]
+        assert sdpa_calls[0] == 2 * len(qmodel.layers)
+        explicit = _explicit(qmodel)(tokens)["logits"]
     assert _rel(fused[real], explicit[real]) < 1e-5
     torch.testing.assert_close(explicit, fake, rtol=0, atol=0)
 
