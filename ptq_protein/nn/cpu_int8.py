@@ -41,7 +41,7 @@ from ptq_protein.nn.cpu_int8_split import exact_accumulators, sum_post_op
 
 __all__ = ["ENGINE_NAME", "Packed", "available", "mode", "reason", "prepack", "unpack", "as_u8", "gemm", "gemm_add_",
            "accumulators", "static_linear",
-           "per_token_linear"]
+           "per_token_linear", "per_token_epilogue_"]
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,13 @@ def static_linear(codes: torch.Tensor, packed: Packed, scale: float, zero: int, 
 def per_token_linear(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, packed: Packed,
                      bias: Optional[torch.Tensor]) -> torch.Tensor:
     """Dynamic per-token site: ``scale[m] * (w_scale[n] * acc - zero[m] * w_scale[n] * colsum[n]) + bias``."""
-    y = gemm(codes, packed)  # w_scale[n] * acc
+    return per_token_epilogue_(gemm(codes, packed), scale, zero, packed, bias)
+
+
+def per_token_epilogue_(y: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, packed: Packed,
+                        bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """A per-token site's output from ``y = w_scale[n] * acc`` (float32 ``[M, N]``, consumed): each row's scale and
+    zero point ``[M, 1]`` applied, and the bias."""
     scale = scale.detach().reshape(-1, 1).to(torch.float32)  # integer products carry no gradient
     if bool((zero != 0).any()):
         y.addcmul_(zero.reshape(-1, 1).to(torch.float32), (packed.w_scale * packed.colsum)[None, :], value=-1)

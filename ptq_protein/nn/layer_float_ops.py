@@ -25,7 +25,7 @@ from typing import Optional, Tuple
 import torch
 from torch.nn import functional as F
 
-__all__ = ["Quant", "U8_OFFSET", "codes", "norm_codes", "rotary", "rotary_table"]
+__all__ = ["Quant", "U8_OFFSET", "codes", "layer_norm", "norm_codes", "rotary", "rotary_table"]
 
 U8_OFFSET = 128  # unsigned code = signed code + 128 (the same product, oneDNN's fast operand)
 Quant = Tuple[torch.Tensor, torch.Tensor, int, int]  # a static uniform quantizer: scale, zero point, qmin, qmax
@@ -35,9 +35,11 @@ def codes(y: torch.Tensor, quant: Quant) -> torch.Tensor:
     """uint8 ``quantize(y) + 128`` of float32 ``y``, computed in ``y``'s memory (``y`` is consumed).
 
     The same float32 operations as ``quant.uniform.quantize``: ``clamp(round(y / scale) + zero, qmin, qmax)``.
+    ``scale`` and ``zero`` may be one per row (``[M, 1]``: a dynamic per-token quantizer's).
     """
     scale, zero, qmin, qmax = quant
-    y = y.div_(scale).round_().add_(float(zero) + U8_OFFSET)
+    shift = float(zero) + U8_OFFSET if zero.dim() == 0 else zero.to(y.dtype) + U8_OFFSET
+    y = y.div_(scale).round_().add_(shift)
     return y.clamp_(qmin + U8_OFFSET, qmax + U8_OFFSET).to(torch.uint8)
 
 
@@ -55,8 +57,13 @@ def norm_codes(x: torch.Tensor, fake: Optional[Quant], weight: torch.Tensor, bia
     ``fake``: the LayerNorm input quantizer, or None when the recipe has none; ``quant``: the next GEMM's input
     quantizer. Rows the recipe keeps in float (BOS/EOS) get codes too; the caller recomputes their products.
     """
-    y = F.layer_norm(x if fake is None else fake_quantize(x, fake), (x.shape[-1],), weight, bias, eps)
-    return codes(y, quant)
+    return codes(layer_norm(x, fake, weight, bias, eps), quant)
+
+
+def layer_norm(x: torch.Tensor, fake: Optional[Quant], weight: torch.Tensor, bias: Optional[torch.Tensor],
+         eps: float) -> torch.Tensor:
+    """``LayerNorm(fake_quantize(x))`` in a new float32 tensor (``fake`` None: no input quantizer)."""
+    return F.layer_norm(x if fake is None else fake_quantize(x, fake), (x.shape[-1],), weight, bias, eps)
 
 
 def rotary_table(cos: torch.Tensor, sin: torch.Tensor, scaling: float = 1.0) -> torch.Tensor:

@@ -17,15 +17,19 @@ a rounding tie of the next quantizer can take the neighbouring code, as between 
 Rows the recipe keeps in float (BOS/EOS) take a float side path through the same weights
 (:func:`ptq_protein.nn.cpu_int8_fused.float_rows`).
 
-It runs where every GEMM site is a static per-tensor 8-bit uniform one on the oneDNN path (``w8a8-uniform``,
-``w8a8-smoothquant``, ``w4a8``...), with no hooks on the layer's modules (:func:`blocker` says why not
-otherwise); the architecture code (``models/fused_float``, ``models/hf_fused``, which name the roles:
+It runs where every GEMM site is a static per-tensor (``w8a8-uniform``, ``w8a8-smoothquant``, ``w4a8``...) or a
+dynamic per-token (``w8a8-dynamic``, ``w8a8-smoothquant-gptq-pertoken``) 8-bit uniform one on the oneDNN path, with
+no hooks on the layer's modules (:func:`blocker` says why not otherwise). A per-token site's codes are each row's
+own (:func:`~ptq_protein.quant.uniform.per_token_qparams`, the module path's rule), its GEMM the module path's call
+and its epilogue the module path's (:func:`~ptq_protein.nn.cpu_int8.per_token_epilogue_`): from equal inputs, equal
+outputs; what the layer saves there is the work between the GEMMs. The architecture code
+(``models/fused_float``, ``models/hf_fused``, which name the roles:
 :class:`~ptq_protein.models.encoder_roles.EncoderLayer`) falls back to the modules.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -35,11 +39,30 @@ from ptq_protein.models.encoder_roles import EncoderLayer
 from ptq_protein.nn import cpu_int8, cpu_int8_fused
 from ptq_protein.nn.int_fast import prepack_module
 from ptq_protein.nn.int_shared import group_weights
-from ptq_protein.nn.layer_float_ops import U8_OFFSET, Quant, codes, norm_codes, rotary, rotary_table
-from ptq_protein.quant.uniform import qrange
-from ptq_protein.recipes.config import Backend, Engine, Scheme
+from ptq_protein.nn.layer_float_ops import U8_OFFSET, Quant, codes, layer_norm, rotary, rotary_table
+from ptq_protein.quant.uniform import per_token_qparams, qrange
+from ptq_protein.recipes.config import Backend, Engine, Granularity, Scheme
 
-__all__ = ["blocker", "forward", "static_quant"]
+__all__ = ["blocker", "forward", "static_quant", "token_quant", "TokenQuant"]
+
+
+class TokenQuant(NamedTuple):
+    """A dynamic per-token uniform activation quantizer: each row's own range, at run time."""
+
+    bits: int
+    symmetric: bool
+
+
+Act = Union[Quant, TokenQuant]  # what one GEMM site's activation codes follow
+
+
+class Encoded(NamedTuple):
+    """One GEMM's unsigned activation codes and what oneDNN and the epilogue need with them."""
+
+    codes: torch.Tensor  # uint8 [M, K]: code + 128
+    scale: float  # oneDNN's activation scale (1.0 for per-token rows, scaled in the epilogue)
+    zero: int  # its unsigned zero point
+    rows: Optional[Tuple[torch.Tensor, torch.Tensor]]  # per-token: each row's scale and zero point [M, 1]
 
 
 def static_quant(quant: Optional[nn.Module]) -> Optional[Quant]:
@@ -49,6 +72,28 @@ def static_quant(quant: Optional[nn.Module]) -> Optional[Quant]:
         return None
     qmin, qmax = qrange(spec.bits, spec.symmetric)
     return quant.scale.reshape(()), quant.zero_point.reshape(()), qmin, qmax
+
+
+def token_quant(quant: Optional[nn.Module]) -> Optional[TokenQuant]:
+    """A dynamic per-token 8-bit uniform activation quantizer's :class:`TokenQuant`, else None."""
+    spec = getattr(quant, "spec", None)
+    if (spec is None or spec.scheme is not Scheme.UNIFORM or not spec.dynamic or spec.bits != 8
+            or spec.granularity is not Granularity.PER_TOKEN):
+        return None
+    return TokenQuant(spec.bits, spec.symmetric)
+
+
+def _act(quant: Optional[nn.Module]) -> Optional[Act]:
+    """The site's static per-tensor or dynamic per-token parameters, else None."""
+    static = static_quant(quant)
+    return static if static is not None else token_quant(quant)
+
+
+def _same(a: Act, b: Act) -> bool:
+    """Two sites whose codes of one tensor are equal."""
+    if isinstance(a, TokenQuant) or isinstance(b, TokenQuant):
+        return a == b
+    return all(torch.equal(x, y) for x, y in zip(a[:2], b[:2]))
 
 
 def blocker(layer: EncoderLayer, x: torch.Tensor) -> Optional[str]:
@@ -61,13 +106,12 @@ def blocker(layer: EncoderLayer, x: torch.Tensor) -> Optional[str]:
         if (getattr(m, "backend", None) is not Backend.INT8 or m.weight_spec is None or m.engine is Engine.REFERENCE
                 or m.weight_codebook is not None or not m.symmetric_weight_codes()):
             return f"{type(m).__name__} is not an integer linear with symmetric weight codes on the oneDNN engine"
-        quant = static_quant(m.input_quant)
-        if quant is None or quant[2] < -128 or quant[3] > 127:
-            return "the fused integer layer takes static per-tensor uniform 8-bit activations"
-    if any(not torch.equal(a, b) for a, b in zip(static_quant(layer.q.input_quant)[:2],
-                                                 static_quant(layer.k.input_quant)[:2])) or \
-            any(not torch.equal(a, b) for a, b in zip(static_quant(layer.q.input_quant)[:2],
-                                                     static_quant(layer.v.input_quant)[:2])):
+        quant = _act(m.input_quant)
+        if quant is None or (not isinstance(quant, TokenQuant) and (quant[2] < -128 or quant[3] > 127)):
+            return ("the fused integer layer takes static per-tensor or dynamic per-token uniform 8-bit "
+                    "activations")
+    q = _act(layer.q.input_quant)
+    if not (_same(q, _act(layer.k.input_quant)) and _same(q, _act(layer.v.input_quant))):
         return "q, k and v quantize their common input differently"
     for norm in (layer.attn_norm, layer.ffn_norm):
         fake = getattr(norm, "input_quant", None)
@@ -98,9 +142,34 @@ def _affine(ln: nn.Module) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     return ln.weight.float(), None if ln.bias is None else ln.bias.float()
 
 
-def _codes(x: torch.Tensor, norm: nn.Module, quant: Quant) -> torch.Tensor:
-    fake, ln = _norm(norm)
-    return norm_codes(x, fake, *_affine(ln), ln.eps, quant)
+def _encode(y: torch.Tensor, act: Act) -> Encoded:
+    """``y``'s codes under ``act`` (float32 ``[M, K]``, consumed)."""
+    if isinstance(act, TokenQuant):
+        scale, zero = per_token_qparams(y, act.bits, act.symmetric)
+        return Encoded(codes(y, (scale, zero, *qrange(act.bits, act.symmetric))), 1.0, U8_OFFSET, (scale, zero))
+    return Encoded(codes(y, act), *_run(act), None)
+
+
+def _normed(x: torch.Tensor, module: nn.Module, act: Act) -> Encoded:
+    """The codes of ``module``'s LayerNorm of ``x`` (x kept)."""
+    fake, ln = _norm(module)
+    return _encode(layer_norm(x, fake, *_affine(ln), ln.eps), act)
+
+
+def _linear(enc: Encoded, packed: cpu_int8.Packed, bias: Optional[torch.Tensor],
+            dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    if enc.rows is None:
+        return cpu_int8_fused.linear(enc.codes, packed, enc.scale, enc.zero, bias, dtype)
+    y = cpu_int8_fused.linear(enc.codes, packed, 1.0, U8_OFFSET, None)  # w_scale[n] * acc
+    return cpu_int8.per_token_epilogue_(y, *enc.rows, packed, bias).to(dtype)
+
+
+def _linear_add_(res: torch.Tensor, enc: Encoded, packed: cpu_int8.Packed, bias: Optional[torch.Tensor]) -> None:
+    """``res += linear(...)``: in oneDNN's epilogue for static codes, one more pass for per-token rows."""
+    if enc.rows is None:
+        cpu_int8_fused.linear_add_(res, enc.codes, packed, enc.scale, enc.zero, bias)
+    else:
+        res.add_(_linear(enc, packed, bias))
 
 
 def _norm_rows(rows: torch.Tensor, norm: nn.Module) -> torch.Tensor:
@@ -142,8 +211,7 @@ def forward(layer: EncoderLayer, x: torch.Tensor, *, batch_first: bool, cos: tor
         m.engine_ran = Engine.ONEDNN.value
 
     group = group_weights((layer.q, layer.k, layer.v))
-    quant = static_quant(layer.q.input_quant)
-    qkv = cpu_int8_fused.linear(_codes(res, layer.attn_norm, quant), group.packed, *_run(quant), group.bias, dtype)
+    qkv = _linear(_normed(res, layer.attn_norm, _act(layer.q.input_quant)), group.packed, group.bias, dtype)
     if index is not None:
         qkv.index_copy_(0, index, cpu_int8_fused.float_rows(_norm_rows(saved, layer.attn_norm), group.packed,
                                                             group.bias).to(dtype))
@@ -154,21 +222,22 @@ def forward(layer: EncoderLayer, x: torch.Tensor, *, batch_first: bool, cos: tor
     att = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                          attn_mask=attn_mask, scale=1.0).transpose(1, 2)  # [B, T, H, D]
     att = att.reshape(-1, channels).to(torch.float32)  # attention writes [B, T, H, D]: a view
-    out, quant = prepack_module(layer.out), static_quant(layer.out.input_quant)
+    out = prepack_module(layer.out)
     rows = None if index is None else att.index_select(0, index)
-    cpu_int8_fused.linear_add_(res, codes(att, quant), out, *_run(quant), _bias(layer.out))  # att consumed
+    _linear_add_(res, _encode(att, _act(layer.out.input_quant)), out, _bias(layer.out))  # att consumed
     if index is not None:
         saved = saved + cpu_int8_fused.float_rows(rows, out, _bias(layer.out))
         res.index_copy_(0, index, saved)
 
-    quant, hidden = static_quant(layer.fc1.input_quant), static_quant(layer.fc2.input_quant)
+    hidden = _act(layer.fc2.input_quant)
     fc1, fc2 = prepack_module(layer.fc1), prepack_module(layer.fc2)
-    inner = _codes(res, layer.ffn_norm, quant)
-    if cpu_int8_fused.gelu_codes_fit(hidden):
-        inner = cpu_int8_fused.linear_gelu_codes(inner, fc1, *_run(quant), _bias(layer.fc1), hidden)
+    inner = _normed(res, layer.ffn_norm, _act(layer.fc1.input_quant))
+    if inner.rows is None and not isinstance(hidden, TokenQuant) and cpu_int8_fused.gelu_codes_fit(hidden):
+        inner = Encoded(cpu_int8_fused.linear_gelu_codes(inner.codes, fc1, inner.scale, inner.zero, _bias(layer.fc1),
+                                                         hidden), *_run(hidden), None)
     else:
-        inner = codes(F.gelu(cpu_int8_fused.linear(inner, fc1, *_run(quant), _bias(layer.fc1))), hidden)
-    cpu_int8_fused.linear_add_(res, inner, fc2, *_run(hidden), _bias(layer.fc2))
+        inner = _encode(F.gelu(_linear(inner, fc1, _bias(layer.fc1))), hidden)
+    _linear_add_(res, inner, fc2, _bias(layer.fc2))
     if index is not None:
         inner = F.gelu(cpu_int8_fused.float_rows(_norm_rows(saved, layer.ffn_norm), fc1, _bias(layer.fc1)))
         res.index_copy_(0, index, saved + cpu_int8_fused.float_rows(inner, fc2, _bias(layer.fc2)))

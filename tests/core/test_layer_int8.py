@@ -18,6 +18,8 @@ from ptq_protein.models.lm_outputs import lm_forward, lm_tokens
 from ptq_protein.models.tiny import tiny_esm2, tiny_hf_esm2
 from ptq_protein.nn import cpu_int8, cpu_int8_fused, layer_float_ops, layer_int8
 from ptq_protein.quant.uniform import quantize
+from ptq_protein.recipes.config import TensorQuant
+from ptq_protein.recipes.presets import resolve_config
 
 pytestmark = pytest.mark.skipif(not cpu_int8.available(), reason=cpu_int8.reason())
 
@@ -138,9 +140,17 @@ def _quantized(kind, preset="w8a8-uniform"):
         return pp.quantize(model, preset, calibration=SEQS, backend="int8")
 
 
-@pytest.fixture(scope="module", params=["fair-esm", "hf"])
+def _per_token_asymmetric():
+    """The accurate preset's activations (asymmetric per-token rows, BOS/EOS in float) on every layer, no GPTQ."""
+    return resolve_config("w8a8-smoothquant-gptq-pertoken").replace(exclude=(), gptq=None)
+
+
+@pytest.fixture(scope="module", params=[("fair-esm", "w8a8-uniform"), ("hf", "w8a8-uniform"),
+                                        ("fair-esm", "w8a8-dynamic"), ("hf", "per-token asymmetric")],
+                ids=lambda p: "-".join(p))
 def qmodel(request):
-    return _quantized(request.param)
+    kind, preset = request.param
+    return _quantized(kind, _per_token_asymmetric() if preset == "per-token asymmetric" else preset)
 
 
 def _run(model, calls=None):
@@ -175,6 +185,36 @@ def test_fused_layers_match_the_module_path(qmodel, mode, monkeypatch):
         assert float(bos) < 1e-4
 
 
+@pytest.mark.parametrize("config", ["w8a8-dynamic", "per-token asymmetric"])
+def test_per_token_sites_equal_the_module_path_bit_for_bit(config, mode):
+    """From the same residual stream: the LayerNorm's per-token codes, the GEMM and its epilogue (fc1), and the
+    residual add (fc2), exactly as the modules compute them."""
+    from ptq_protein.models.fused_float import _encoder_layer
+
+    model = _quantized("fair-esm", _per_token_asymmetric() if config == "per-token asymmetric" else config)
+    layer = model.layers[0]
+    roles = _encoder_layer(layer)
+    x = torch.randn(23, layer.fc1.in_features, generator=torch.Generator().manual_seed(1)) * 3
+    with torch.no_grad():
+        inner = layer.fc1(layer.final_layer_norm(x))
+        fused = layer_int8._linear(layer_int8._normed(x, roles.ffn_norm, layer_int8._act(roles.fc1.input_quant)),
+                                   _packed(roles.fc1), roles.fc1.bias)
+        assert torch.equal(fused, inner)
+        res = x.clone()
+        hidden = F.gelu(inner)
+        layer_int8._linear_add_(res, layer_int8._encode(hidden.clone(), layer_int8._act(roles.fc2.input_quant)),
+                                _packed(roles.fc2), roles.fc2.bias)
+        assert torch.equal(res, x + layer.fc2(hidden))
+    assert isinstance(layer_int8._act(roles.fc1.input_quant), layer_int8.TokenQuant)
+    assert layer.fc1.engine_ran == layer.fc2.engine_ran == "onednn"  # the modules ran the integer path too
+
+
+def _packed(module):
+    from ptq_protein.nn.int_fast import prepack_module
+
+    return prepack_module(module)  # the module's own prepacked weight: the one its forward reads
+
+
 def test_a_model_cast_to_bfloat16_runs_attention_in_bfloat16(qmodel):
     ref = _run(qmodel).representations[2]
     calls = []
@@ -186,7 +226,8 @@ def test_a_model_cast_to_bfloat16_runs_attention_in_bfloat16(qmodel):
 
 @pytest.mark.parametrize("why", ["pwlq", "dynamic", "hook", "contacts"])
 def test_layers_the_executor_cannot_run_take_the_modules(why):
-    model = _quantized("fair-esm", {"pwlq": "w8a8-pwlq", "dynamic": "w8a8-dynamic"}.get(why, "w8a8-uniform"))
+    per_tensor_dynamic = resolve_config("w8a8-uniform").replace(activations=TensorQuant(bits=8, dynamic=True))
+    model = _quantized("fair-esm", {"pwlq": "w8a8-pwlq", "dynamic": per_tensor_dynamic}.get(why, "w8a8-uniform"))
     if why == "hook":
         model.layers[0].fc1.register_forward_hook(lambda *args: None)
     calls = []
