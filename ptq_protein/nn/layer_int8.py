@@ -11,11 +11,11 @@ the same layer as::
     codes  = ln_codes(x)
     x     += fc2(gelu_codes(fc1(codes)))        GELU and fc2's codes in fc1's epilogue
 
-with every quantizer's parameters as the recipe has them. Integer accumulators are exact as on the module
-path; float epilogues (oneDNN's GELU, the compiled LayerNorm) round differently in the last bits, so a value on
-a rounding tie of the next quantizer can take the neighbouring code, as between the fake and int8 backends.
-Rows the recipe keeps in float (BOS/EOS) take a float side path through the same weights
-(:func:`ptq_protein.nn.cpu_int8_fused.float_rows`).
+with every quantizer's parameters as the recipe has them.
+Integer accumulators are exact as on the module path; float epilogues (oneDNN's GELU, the compiled LayerNorm) round
+differently in the last bits, so a value on a rounding tie of the next quantizer can take the neighbouring code, as
+between the fake and int8 backends. Rows the recipe keeps in float (BOS/EOS) take a float side path through the same
+weights (:func:`ptq_protein.nn.cpu_int8_fused.float_rows`).
 
 It runs where every GEMM site is a static per-tensor (``w8a8-uniform``, ``w8a8-smoothquant``, ``w4a8``...) or a
 dynamic per-token (``w8a8-dynamic``, ``w8a8-smoothquant-gptq-pertoken``) 8-bit uniform one on the oneDNN path, with
@@ -200,7 +200,11 @@ def forward(layer: EncoderLayer, x: torch.Tensor, *, batch_first: bool, cos: tor
     dtype = x.dtype
     seq = x if batch_first else x.transpose(0, 1)
     batch, length, channels = seq.shape
-    res = seq.reshape(-1, channels).to(torch.float32, copy=True)  # contiguous [B*T, C]
+    res = seq.reshape(-1, channels)  # contiguous [B*T, C]: a copy where x is time first (fair-esm)
+    if res.dtype != torch.float32:
+        res = res.to(torch.float32)
+    elif res.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+        res = res.clone()  # a view of x, which is the caller's
     keep = layer.q.input_quant.special_rows(x)
     index = None
     if keep is not None:
