@@ -29,10 +29,13 @@ class _SiteDone(Exception):
     """Raised by a hook to stop a forward once the site it waits for has run."""
 
 
-def valid_rows(x: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """``[n, C]`` float64: the rows of ``x`` [..., C] at residue positions of ``batch`` (all rows if unalignable)."""
+def valid_rows(x: torch.Tensor, batch: Batch, special: bool = False) -> torch.Tensor:
+    """``[n, C]`` float64: the rows of ``x`` [..., C] at residue positions of ``batch`` (all rows if unalignable);
+    ``special``: at the BOS/EOS positions too (never padding)."""
     x = x.detach()
     tm, rm = batch.token_mask.to(x.device), batch.residue_mask.to(x.device)
+    if special and batch.special_mask is not None:
+        tm = tm | batch.special_mask.to(x.device)
     boxes = valid_boxes(x.shape, tm, rm, channel_last=True)
     if boxes is not None:
         parts = [x[box].reshape(-1, x.shape[-1]) for box in boxes]
@@ -99,9 +102,10 @@ def linear_call_groups(model: nn.Module, adapter: ModelAdapter, names: Sequence[
 
 
 def input_hessian(model: nn.Module, adapter: ModelAdapter, name: str, batches: Sequence[Batch],
-                  forward_kwargs: Optional[dict] = None,
-                  replay: Optional[BlockReplay] = None) -> Tuple[Optional[torch.Tensor], int]:
-    """``(sum of x x^T over residue rows [K, K] float64, rows)`` of site ``name``'s first input per batch.
+                  forward_kwargs: Optional[dict] = None, replay: Optional[BlockReplay] = None,
+                  special: bool = False) -> Tuple[Optional[torch.Tensor], int]:
+    """``(sum of x x^T over residue rows [K, K] float64, rows)`` of site ``name``'s first input per batch
+    (``special``: the BOS/EOS rows too).
 
     None when the site never saw a residue. Each forward stops once the site has run; with ``replay``, the
     finished blocks before it return their stored outputs instead of running.
@@ -111,7 +115,7 @@ def input_hessian(model: nn.Module, adapter: ModelAdapter, name: str, batches: S
     state: Dict[str, Batch] = {}
 
     def hook(module, args):
-        x = valid_rows(args[0], state["batch"])
+        x = valid_rows(args[0], state["batch"], special)
         if x.numel():
             if not bool(torch.isfinite(x).all()):
                 raise ValueError(f"NaN/Inf in the input of {name} during GPTQ calibration: the model produces "

@@ -86,12 +86,16 @@ class GPTQSpec:
     ``block_size`` is the lazy-update block. ``group_size`` -1 gives one scale per
     output channel, the codes the int8/int4 kernels and the artifact format run;
     the math in :mod:`ptq_protein.quant.gptq` supports groups, quantized models do not yet.
+    ``special_rows`` adds the BOS/EOS rows to the Hessian (by default it sums residue rows only, like every other
+    calibration statistic): the quantized weight multiplies those rows too, whether they are kept in float or
+    quantized, and where they are attention sinks every query reads the error of their keys and values.
     """
 
     damp: float = 0.01
     act_order: bool = True
     block_size: int = 128
     group_size: int = -1
+    special_rows: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 < self.damp < 1.0:
@@ -103,7 +107,10 @@ class GPTQSpec:
                              "kernels or the artifact format yet; use group_size=-1 (one scale per output channel)")
 
     def to_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if not self.special_rows:
+            del data["special_rows"]  # absent: residue rows only, as every config was written before the field
+        return data
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "GPTQSpec":

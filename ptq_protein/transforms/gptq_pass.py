@@ -54,7 +54,8 @@ def gptq_model_(model: nn.Module, adapter: ModelAdapter, names: Sequence[str], w
         for g, group in enumerate(groups):
             if replay is not None:
                 replay.finish_through(replay.plan.group_blocks[g] - 1)  # groups come block by block
-            hessian, rows = input_hessian(model, adapter, group[0], batches, forward_kwargs, replay)
+            hessian, rows = input_hessian(model, adapter, group[0], batches, forward_kwargs, replay,
+                                          special=spec.special_rows)
             for name in group:
                 out[name] = _quantize_site_(model.get_submodule(name), name, hessian, weights, spec)
             log.debug("GPTQ %s: %d residue rows", ", ".join(group), rows)

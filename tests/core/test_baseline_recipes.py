@@ -158,10 +158,10 @@ def test_esmfold_baselines_infer_without_nan(esmfold, seqs, name):
 
 
 @pytest.mark.parametrize("fixture", ["esm2", "hf_esm2", "esmc"])
-def test_the_pertoken_preset_keeps_the_first_layer_and_special_rows_in_float(fixture, request, calib_seqs):
+def test_the_pertoken_preset_keeps_the_first_attention_and_special_rows_in_float(fixture, request, calib_seqs):
     """``w8a8-smoothquant-gptq-pertoken``: the Linears ``w8a8-smoothquant-gptq`` swaps, less the first transformer
-    layer's (found here by each family's module names), run integer codes of per-token dynamic activations, with the
-    BOS/EOS rows kept in float."""
+    layer's attention Linears (found here by each family's module names), run integer codes of per-token dynamic
+    activations, with the BOS/EOS rows kept in float."""
     import re
 
     from ptq_protein.nn.modules import ActQuantizer
@@ -175,9 +175,10 @@ def test_the_pertoken_preset_keeps_the_first_layer_and_special_rows_in_float(fix
 
     q, ours = swapped("w8a8-smoothquant-gptq-pertoken")
     _, every = swapped("w8a8-smoothquant-gptq")
-    first = {n for n in every if re.search(r"(^|\.)(layers|layer|blocks)\.0\.", n)}
-    assert first and ours == every - first
+    first = {n for n in every if re.search(r"(^|\.)(layers\.0\.self_attn|layer\.0\.attention|blocks\.0\.attn)\.", n)}
+    assert len(first) in (2, 4) and ours == every - first  # q, k, v, out (ESM C: qkv as one Linear, out)
     quants = [m for m in q.modules() if isinstance(m, ActQuantizer)]
     assert quants and all(a.spec.granularity.value == "per_token" and a.spec.dynamic and not a.spec.symmetric
                           for a in quants)
     assert all(a.special_tokens is not None for a in quants)  # BOS/EOS rows bypass the quantizer
+    assert q.ptq_state.config.gptq.special_rows  # and GPTQ's Hessian counts them: the int8 weights multiply them
