@@ -30,6 +30,7 @@ __all__ = [
     "gemm_grid",
     "gemm_sizes_strides",
     "linear_epilogue",
+    "load_int4_tile",
     "load_tile",
     "m_bucket",
     "store_output",
@@ -215,3 +216,18 @@ def gemm_sizes_strides(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, k: i
 def gemm_grid(m: int, n: int) -> Callable[[dict], tuple[int]]:
     """1-D launch grid over output tiles for the chosen BLOCK_M, BLOCK_N."""
     return lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+
+
+@jit
+def load_int4_tile(p_ptr, offs_n, k0, stride_pn, stride_pj, N, K, BLOCK_K: tl.constexpr):
+    """Weights ``w[offs_n, k0 : k0 + BLOCK_K]`` unpacked to an int8 ``[BLOCK_K, BLOCK_N]`` tile.
+
+    Reads ``BLOCK_K / 2`` bytes per row (``p_ptr`` is the packed matrix viewed
+    as int8), splits the nibbles with arithmetic shifts (which sign-extend) and
+    interleaves them back into K order. ``k0`` and ``BLOCK_K`` are even.
+    """
+    offs_j = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    packed = load_tile(p_ptr, offs_n, offs_j, stride_pn, stride_pj, N, (K + 1) // 2)  # [BLOCK_N, BLOCK_K / 2]
+    low = (packed << 4) >> 4
+    high = packed >> 4
+    return tl.trans(tl.interleave(low, high))  # w[:, 2j] = low[:, j], w[:, 2j + 1] = high[:, j]

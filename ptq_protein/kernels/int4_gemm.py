@@ -3,7 +3,7 @@
 The W8A8 kernel of :mod:`ptq_protein.kernels.int8_gemm` with ``INT4_WEIGHTS``:
 same arithmetic, autotune table and epilogue; only the weight tile is read as
 bytes ``[BLOCK_N, BLOCK_K/2]`` (half the memory traffic of int8) and unpacked
-in registers by :func:`~ptq_protein.kernels.packing.load_int4_tile` (layout of
+in registers by :func:`~ptq_protein.kernels.gemm_common.load_int4_tile` (layout of
 :func:`~ptq_protein.kernels.packing.pack_int4`).
 """
 

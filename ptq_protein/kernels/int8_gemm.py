@@ -28,11 +28,11 @@ from ptq_protein.kernels.gemm_common import (
     gemm_grid,
     gemm_sizes_strides,
     linear_epilogue,
+    load_int4_tile,
     load_tile,
     store_output,
     tile_coords,
 )
-from ptq_protein.kernels.packing import load_int4_tile
 from ptq_protein.kernels.reference import int_matmul
 
 __all__ = ["int8_linear", "int8_matmul_int32", "launch_gemm"]

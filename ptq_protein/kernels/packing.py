@@ -1,21 +1,20 @@
-"""Int4 weight packing: two signed 4-bit values per byte along K, on host and device.
+"""Int4 weight packing: two signed 4-bit values per byte along K (the host side, plain torch).
 
 Layout: ``packed[n, j]`` holds ``w[n, 2j]`` in the low nibble and
 ``w[n, 2j+1]`` in the high nibble, both two's complement. An odd K is padded
 with a zero high nibble in the last byte. :func:`pack_int4` / :func:`unpack_int4`
-are the torch side; :func:`load_int4_tile` is the Triton side used by the GEMM
-kernel (:func:`ptq_protein.kernels.int4_gemm.int4_linear`).
+are the torch side; :func:`~ptq_protein.kernels.gemm_common.load_int4_tile` is the
+Triton side used by the GEMM kernel (:func:`ptq_protein.kernels.int4_gemm.int4_linear`).
+This module imports no Triton: saving and loading an artifact need only these.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ptq_protein.kernels._triton import jit, tl
 from ptq_protein.kernels.checks import check_int_matrix
-from ptq_protein.kernels.gemm_common import load_tile
 
-__all__ = ["INT4_MAX", "INT4_MIN", "load_int4_tile", "pack_int4", "packed_width", "unpack_int4"]
+__all__ = ["INT4_MAX", "INT4_MIN", "pack_int4", "packed_width", "unpack_int4"]
 
 INT4_MIN, INT4_MAX = -8, 7  # two's complement nibble
 _NIBBLE = 0xF
@@ -71,18 +70,3 @@ def unpack_int4(packed: torch.Tensor, k: int) -> torch.Tensor:
     nibbles = torch.stack((p & _NIBBLE, (p >> 4) & _NIBBLE), dim=-1).reshape(p.shape[0], -1)[:, :k]
     signed = torch.where(nibbles > INT4_MAX, nibbles - _NIBBLE_SPAN, nibbles)
     return signed.to(torch.int8)
-
-
-@jit
-def load_int4_tile(p_ptr, offs_n, k0, stride_pn, stride_pj, N, K, BLOCK_K: tl.constexpr):
-    """Weights ``w[offs_n, k0 : k0 + BLOCK_K]`` unpacked to an int8 ``[BLOCK_K, BLOCK_N]`` tile.
-
-    Reads ``BLOCK_K / 2`` bytes per row (``p_ptr`` is the packed matrix viewed
-    as int8), splits the nibbles with arithmetic shifts (which sign-extend) and
-    interleaves them back into K order. ``k0`` and ``BLOCK_K`` are even.
-    """
-    offs_j = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-    packed = load_tile(p_ptr, offs_n, offs_j, stride_pn, stride_pj, N, (K + 1) // 2)  # [BLOCK_N, BLOCK_K / 2]
-    low = (packed << 4) >> 4
-    high = packed >> 4
-    return tl.trans(tl.interleave(low, high))  # w[:, 2j] = low[:, j], w[:, 2j + 1] = high[:, j]
