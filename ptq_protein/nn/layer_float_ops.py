@@ -3,8 +3,9 @@
 An int8 layer (:mod:`ptq_protein.nn.layer_int8`) hands oneDNN unsigned activation codes (``code + 128``, what its
 fast kernels take) and gets float32 or bfloat16 back. Between the GEMMs, three steps touch every activation:
 
-* :func:`norm_codes`: the LayerNorm's input quantizer (if the recipe has one), the LayerNorm, and the next GEMM's
-  activation codes, quantized in place in the LayerNorm's output;
+* :func:`layer_norm` then :func:`codes`: the LayerNorm's input quantizer (if the recipe has one), the LayerNorm,
+  and the next GEMM's activation codes (each row's own range for a per-token site), quantized in place in the
+  LayerNorm's output;
 * :func:`rotary`: q scaled and rotary on q and k as one complex multiply each (``(x1 + i x2)(cos + i sin)`` is
   ESM's rotate-half rotary), written contiguous ``[B, T, H, D]`` with each head's dimensions interleaved
   (``x1_0, x2_0, x1_1, ...``): q and k share that order, so attention scores are unchanged;
@@ -25,7 +26,7 @@ from typing import Optional, Tuple
 import torch
 from torch.nn import functional as F
 
-__all__ = ["Quant", "U8_OFFSET", "codes", "layer_norm", "norm_codes", "rotary", "rotary_table"]
+__all__ = ["Quant", "U8_OFFSET", "codes", "layer_norm", "rotary", "rotary_table"]
 
 U8_OFFSET = 128  # unsigned code = signed code + 128 (the same product, oneDNN's fast operand)
 Quant = Tuple[torch.Tensor, torch.Tensor, int, int]  # a static uniform quantizer: scale, zero point, qmin, qmax
@@ -48,16 +49,6 @@ def fake_quantize(x: torch.Tensor, quant: Quant) -> torch.Tensor:
     scale, zero, qmin, qmax = quant
     zp = float(zero)
     return torch.div(x, scale).round_().add_(zp).clamp_(qmin, qmax).sub_(zp).mul_(scale)
-
-
-def norm_codes(x: torch.Tensor, fake: Optional[Quant], weight: torch.Tensor, bias: Optional[torch.Tensor],
-               eps: float, quant: Quant) -> torch.Tensor:
-    """uint8 codes ``[M, C]`` of ``LayerNorm(fake_quantize(x))`` for float32 ``x [M, C]`` (``x`` is kept).
-
-    ``fake``: the LayerNorm input quantizer, or None when the recipe has none; ``quant``: the next GEMM's input
-    quantizer. Rows the recipe keeps in float (BOS/EOS) get codes too; the caller recomputes their products.
-    """
-    return codes(layer_norm(x, fake, weight, bias, eps), quant)
 
 
 def layer_norm(x: torch.Tensor, fake: Optional[Quant], weight: torch.Tensor, bias: Optional[torch.Tensor],

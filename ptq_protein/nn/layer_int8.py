@@ -158,6 +158,7 @@ def _normed(x: torch.Tensor, module: nn.Module, act: Act) -> Encoded:
 
 def _linear(enc: Encoded, packed: cpu_int8.Packed, bias: Optional[torch.Tensor],
             dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The GEMM of ``enc``'s codes, ``[M, N]`` in ``dtype``: per-token rows scaled after oneDNN's call."""
     if enc.rows is None:
         return cpu_int8_fused.linear(enc.codes, packed, enc.scale, enc.zero, bias, dtype)
     y = cpu_int8_fused.linear(enc.codes, packed, 1.0, U8_OFFSET, None)  # w_scale[n] * acc

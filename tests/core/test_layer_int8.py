@@ -96,7 +96,7 @@ def test_float_rows_equal_the_float64_product_to_float32_rounding(mode):
     torch.testing.assert_close(got[1], bias.double(), rtol=0, atol=1e-7)
 
 
-def test_codes_and_norm_codes_follow_the_quantizer_rule():
+def test_codes_of_the_layer_norm_follow_the_quantizer_rule():
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(40, 24, generator=gen) * 3
     w, b = torch.rand(24, generator=gen) + 0.5, torch.randn(24, generator=gen)
@@ -104,7 +104,7 @@ def test_codes_and_norm_codes_follow_the_quantizer_rule():
     fake = (torch.tensor(0.05), torch.tensor(-3, dtype=torch.int32), -128, 127)
     ref_x = (quantize(x, fake[0], fake[1], 8, symmetric=False).float() - fake[1]) * fake[0]
     want = quantize(F.layer_norm(ref_x, (24,), w, b, 1e-5), quant[0], quant[1], 8, symmetric=True).to(torch.int16)
-    got = layer_float_ops.norm_codes(x, fake, w, b, 1e-5, quant).to(torch.int16) - 128
+    got = layer_float_ops.codes(layer_float_ops.layer_norm(x, fake, w, b, 1e-5), quant).to(torch.int16) - 128
     assert torch.equal(got, want)
     y = torch.randn(9, 5, generator=gen) * 10
     assert torch.equal(layer_float_ops.codes(y.clone(), quant).to(torch.int16) - 128,
