@@ -14,6 +14,7 @@ from typing import Optional, Union
 from torch import nn
 
 from ptq_protein.models.adapters import get_adapter
+from ptq_protein.models.fused_float import use_fast_float_if_integer_
 from ptq_protein.models.mapped import mapped_file_of
 from ptq_protein.passes.fit_activations import fit_activation_quantizers  # re-exported: public since 0.1
 from ptq_protein.passes.float_source import require_float
@@ -64,6 +65,7 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     for step in recipe.passes:
         step.run(run)
     qmodel.ptq_state = run.state()
+    use_fast_float_if_integer_(qmodel)  # after calibration, which keeps fair-esm's arithmetic in the float layers
     return qmodel
 
 

@@ -13,7 +13,6 @@ from torch import nn
 
 from ptq_protein.calibration.matmul_sites import QuantMatmulHost
 from ptq_protein.calibration.sites import Site, set_module
-from ptq_protein.models.fused_float import use_fast_float_if_integer_
 from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.nn.qparams import quantize_weight
 from ptq_protein.quant.metrics import BLOCK_VALUES, sqnr_db_blocks
@@ -87,7 +86,6 @@ def swap_modules_(model: nn.Module, sites: Dict[str, Site], input_quants: Dict[s
             if subs:
                 set_module(model, name, QuantMatmulHost(module, name, subs))
                 done[name] = "matmul operands"
-    use_fast_float_if_integer_(model)  # float layers of an integer model run fused too
     return done
 
 

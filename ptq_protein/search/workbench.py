@@ -20,6 +20,7 @@ from torch import nn
 from ptq_protein.api import CalibrationInfo, QuantState, calibration_sequences
 from ptq_protein.calibration.sites import Site, discover_sites, select_sites, set_module
 from ptq_protein.models.adapters import get_adapter
+from ptq_protein.models.fused_float import use_fast_float_if_integer_
 from ptq_protein.nn.convert import build_quant_linear
 from ptq_protein.nn.modules import ActQuantizer, QuantInput, QuantLinear
 from ptq_protein.nn.qparams import activation_quantizer, needs_calibration
@@ -159,6 +160,7 @@ class Workbench:
                 row["choice"] = plan.site_choices()[row["site"]].name
         qmodel.ptq_state = QuantState(config, self.adapter.family, chosen, done, self.calibration, report, [], {},
                                       plan=plan)
+        use_fast_float_if_integer_(qmodel)  # as pp.quantize does
         return qmodel
 
     def recipe_specs(self, config: QuantConfig, names: Sequence[str]) -> Dict[str, SiteSpec]:

@@ -40,6 +40,7 @@ from ptq_protein.eval.bench.fidelity import Reference
 from ptq_protein.models.adapters import get_adapter
 from ptq_protein.models.checkpoints import load_torch_checkpoint
 from ptq_protein.models.fair_esm2 import esm2_skeleton, fair_esm2_state, fill_missing_regression
+from ptq_protein.models.fused_float import use_fast_float_if_integer_
 from ptq_protein.models.mapped import MappedFile, trim_heap
 from ptq_protein.models.resolve import contact_regression_path
 from ptq_protein.nn.convert import swap_modules_
@@ -168,6 +169,7 @@ class _Run:
         self.model.ptq_state = QuantState(self.cfg, family, self.chosen, self.done, info, report, self.fp_sites,
                                           histograms)
         apply_special_tokens_(self.model, get_adapter(self.model), self.cfg)  # as pp.quantize does
+        use_fast_float_if_integer_(self.model)  # as pp.quantize does: after every layer's calibration
         return self.model
 
 
