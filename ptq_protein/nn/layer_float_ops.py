@@ -52,7 +52,7 @@ def fake_quantize(x: torch.Tensor, quant: Quant) -> torch.Tensor:
 
 
 def layer_norm(x: torch.Tensor, fake: Optional[Quant], weight: torch.Tensor, bias: Optional[torch.Tensor],
-         eps: float) -> torch.Tensor:
+               eps: float) -> torch.Tensor:
     """``LayerNorm(fake_quantize(x))`` in a new float32 tensor (``fake`` None: no input quantizer)."""
     return F.layer_norm(x if fake is None else fake_quantize(x, fake), (x.shape[-1],), weight, bias, eps)
 

@@ -161,7 +161,7 @@ def _linear(enc: Encoded, packed: cpu_int8.Packed, bias: Optional[torch.Tensor],
     """The GEMM of ``enc``'s codes, ``[M, N]`` in ``dtype``: per-token rows scaled after oneDNN's call."""
     if enc.rows is None:
         return cpu_int8_fused.linear(enc.codes, packed, enc.scale, enc.zero, bias, dtype)
-    y = cpu_int8_fused.linear(enc.codes, packed, 1.0, U8_OFFSET, None)  # w_scale[n] * acc
+    y = cpu_int8_fused.linear(enc.codes, packed, enc.scale, enc.zero, None)  # w_scale[n] * acc (scale 1)
     return cpu_int8.per_token_epilogue_(y, *enc.rows, packed, bias).to(dtype)
 
 
