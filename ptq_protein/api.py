@@ -32,7 +32,7 @@ from ptq_protein.passes.state import CalibrationInfo, CalibrationPass, QuantStat
 from ptq_protein.recipes.config import Backend, QuantConfig
 from ptq_protein.recipes.presets import resolve_config
 from ptq_protein.support.errors import InputError
-from ptq_protein.support.process_memory import loading
+from ptq_protein.support.process_memory import computing, loading
 
 __all__ = ["quantize", "QuantState", "CalibrationInfo", "CalibrationPass", "resolve_calibration", "static_sites",
            "calibration_sequences", "calibration_records", "crop_sequence", "fit_activation_quantizers"]
@@ -62,8 +62,9 @@ def quantize(model: nn.Module, config: Union[str, QuantConfig, dict] = "w8a8-pwl
     info, seqs = plan.calibration_input(adapter, calibration, calib_max_length)
     run = Run(qmodel, adapter, cfg, plan, seqs, info, batch_size, progress,
               {"num_recycles": num_recycles} if num_recycles is not None else {}, mapped)
-    for step in recipe.passes:
-        step.run(run)
+    with computing():  # calibration forwards reuse their blocks; the float weights the swap frees go back after
+        for step in recipe.passes:
+            step.run(run)
     qmodel.ptq_state = run.state()
     use_fast_float_if_integer_(qmodel)  # after calibration, which keeps fair-esm's arithmetic in the float layers
     return qmodel

@@ -14,7 +14,9 @@ Two phases want opposite things:
 
 So loading a model (:func:`loading`, around ``pp.load``, ``load_model`` and ``pp.quantize``) fixes the threshold
 while it runs, then trims the heap and keeps freed blocks below :data:`KEEP_BELOW` for reuse, in the CLI and in a
-library caller's process alike (the library path runs as fast as the command). The resident size then follows the
+library caller's process alike (the library path runs as fast as the command). The forwards inside a load
+(``pp.quantize``'s calibration, SmoothQuant's ranges, GPTQ's Hessians) are computing: :func:`computing` keeps their
+blocks for reuse while they run (a 35M-sized GPTQ quantize spent 30 of its 84 s in the kernel without it). The resident size then follows the
 largest batch's working set, which the batch plan keeps within the memory budget (``fold``'s and ``embed``'s
 checks). A CLI command restores glibc's threshold when it ends (:func:`managed_heap`). Measurements:
 docs/benchmarks-history.md. Every call is a no-op off glibc (macOS, Windows, musl), and a user's own
@@ -30,7 +32,8 @@ import functools
 import os
 from typing import Iterator, Optional
 
-__all__ = ["managed_heap", "loading", "release_freed_memory", "return_large_blocks", "KEEP_BELOW", "KEEP_FREE"]
+__all__ = ["managed_heap", "loading", "computing", "release_freed_memory", "return_large_blocks", "KEEP_BELOW",
+           "KEEP_FREE"]
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
 _RETURN_ABOVE = 128 * 1024  # glibc's initial mmap threshold, kept fixed while loading
@@ -43,6 +46,7 @@ KEEP_FREE = 256 << 20
 _USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
 _managed = False  # inside managed_heap(): a CLI command
 _depth = 0  # nested loading() blocks (a quantize that loads a model): the outermost one ends the phase
+_keeping = False  # the last setting made here: freed blocks kept for reuse (True) or returned at once
 
 
 @functools.lru_cache(maxsize=None)
@@ -81,16 +85,21 @@ def managed_heap() -> Iterator[bool]:
 
 def return_large_blocks() -> bool:
     """Fix glibc's mmap threshold at 128 KiB: freed blocks above it go back to the system at once."""
+    global _keeping
     libc = _tunable()
-    return libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, _RETURN_ABOVE))
+    done = libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, _RETURN_ABOVE))
+    _keeping = _keeping and not done
+    return done
 
 
 def _keep_freed_blocks() -> bool:
     """Serve blocks below :data:`KEEP_BELOW` from the heap, and keep up to :data:`KEEP_FREE` of its free top:
     the next batch reuses them instead of faulting fresh pages in."""
+    global _keeping
     libc = _tunable()
-    return libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, KEEP_BELOW)) and bool(
+    _keeping = libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, KEEP_BELOW)) and bool(
         libc.mallopt(_M_TRIM_THRESHOLD, KEEP_FREE))
+    return _keeping
 
 
 @contextlib.contextmanager
@@ -108,6 +117,22 @@ def loading() -> Iterator[None]:
         if _depth == 0:
             release_freed_memory()
             _keep_freed_blocks()
+
+
+@contextlib.contextmanager
+def computing() -> Iterator[None]:
+    """Forwards run while freed blocks are returned (inside :func:`loading`: a quantize's calibration; a streamed
+    quantize's layers): their freed activation-sized blocks are kept for the next batch while the block runs;
+    after it, freed blocks go back at once again and the heap is trimmed. Where blocks are kept already, or the
+    settings are not this package's, nothing changes."""
+    if _keeping or not _keep_freed_blocks():
+        yield
+        return
+    try:
+        yield
+    finally:
+        return_large_blocks()
+        release_freed_memory()
 
 
 def release_freed_memory() -> bool:

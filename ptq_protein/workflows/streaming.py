@@ -53,6 +53,7 @@ from ptq_protein.passes.site_report import build_report
 from ptq_protein.recipes.config import QuantConfig
 from ptq_protein.recipes.presets import resolve_config
 from ptq_protein.support.errors import InputError
+from ptq_protein.support.process_memory import computing
 
 __all__ = ["quantize_streaming", "quantize_streaming_checked"]
 
@@ -118,7 +119,8 @@ def quantize_streaming_checked(path: Union[str, Path], config: Union[str, QuantC
         layer.load_state_dict({k: v.clone() for k, v in own.items()}, strict=True, assign=True)
         mapped.release(own.values())
         step = lambda x, pad, layer=layer: layer(x, self_attn_padding_mask=pad)[0]  # noqa: E731
-        check_streams = [(step(x, pad), pad) for x, pad in check_streams]  # the float layer, before its swap
+        with computing():
+            check_streams = [(step(x, pad), pad) for x, pad in check_streams]  # the float layer, before its swap
         streams = run.calibrate_and_swap(prefix, step, streams, propagate)
         trim_heap()  # the float layer just freed (see trim_heap)
     head = lambda x, pad: model.lm_head(model.emb_layer_norm_after(x).transpose(0, 1))  # noqa: E731
@@ -148,7 +150,7 @@ class _Run:
         static = [s for s in sites if s.name in self.plan.specs]
         outputs = []
         specs = {s.name: self.plan.specs[s.name] for s in static}
-        with collect_stats(self.model, static, specs) as (stats, mask_state):
+        with computing(), collect_stats(self.model, static, specs) as (stats, mask_state):
             for batch, (x, pad) in zip(self.batches, streams):
                 mask_state.batch = batch
                 outputs.append((step(x, pad), pad))
@@ -160,7 +162,8 @@ class _Run:
         self.done.update(swap_modules_(self.model, {s.name: s for s in sites}, quants, self.cfg,
                                         weight_sqnr=self.weight_sqnr))
         if propagate == "quantized" and not rest:
-            outputs = [(step(x, pad), pad) for x, pad in streams]
+            with computing():
+                outputs = [(step(x, pad), pad) for x, pad in streams]
         return outputs
 
     def finish(self, info: CalibrationInfo, family: str) -> nn.Module:

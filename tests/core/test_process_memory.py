@@ -53,6 +53,10 @@ if mode == "managed":
         with process_memory.loading():
             pass
         print(*faults_of_reuse())
+elif mode == "computing":  # a quantize: forwards inside a load
+    with process_memory.loading():
+        with process_memory.computing():
+            print(*faults_of_reuse())
 else:
     process_memory.return_large_blocks()
     print(*faults_of_reuse())
@@ -80,3 +84,57 @@ def test_a_command_leaves_the_heap_as_it_found_it():
         with process_memory.loading():
             assert process_memory._managed == on
     assert process_memory._managed is False
+
+
+@glibc
+def test_forwards_inside_a_load_reuse_their_blocks(monkeypatch):
+    """The kernel's count again: inside ``computing()`` within a load, a freed block serves the next batch (the
+    load alone refaults every page: the ``loading`` case above)."""
+    import subprocess
+    import sys
+
+    for var in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"):
+        monkeypatch.delenv(var, raising=False)
+    out = subprocess.run([sys.executable, "-c", _FAULTS, "computing"], capture_output=True, text=True, check=True)
+    faults, pages = (int(v) for v in out.stdout.split()[-2:])
+    assert faults < pages // 10
+
+
+class _FakeLibc:
+    """glibc's two calls, recorded: which mmap threshold is in force."""
+
+    def __init__(self):
+        self.thresholds = [None]
+
+    @property
+    def threshold(self):
+        return self.thresholds[-1]
+
+    def mallopt(self, param, value):
+        if param == process_memory._M_MMAP_THRESHOLD:
+            self.thresholds.append(value)
+        return 1
+
+    def malloc_trim(self, pad):
+        return 0
+
+
+def test_quantize_calibrates_with_blocks_kept(monkeypatch, esm2, calib_seqs):
+    """pp.quantize is a load (its copy's float weights are returned blocks), but its calibration forwards are
+    computing: each forward of the calibration batches runs with freed blocks kept for reuse; then the load's
+    setting, its trim, and the compute setting for what follows."""
+    import ptq_protein as pp
+
+    fake = _FakeLibc()
+    monkeypatch.setattr(process_memory, "_glibc", lambda: fake)
+    for var in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"):
+        monkeypatch.delenv(var, raising=False)
+    seen = []
+    handle = esm2.layers[0].register_forward_pre_hook(lambda module, args: seen.append(fake.threshold))
+    try:
+        pp.quantize(esm2, "w8a8-smoothquant-gptq", calibration=list(calib_seqs))
+    finally:
+        handle.remove()
+    keep, give = process_memory.KEEP_BELOW, process_memory._RETURN_ABOVE
+    assert seen and set(seen) == {keep}
+    assert fake.thresholds[1:] == [give, keep, give, keep]  # load, its passes, the load's end, computing after
