@@ -14,13 +14,15 @@ Two phases want opposite things:
 
 So loading a model (:func:`loading`, around ``pp.load``, ``load_model`` and ``pp.quantize``) fixes the threshold
 while it runs, then trims the heap and keeps freed blocks below :data:`KEEP_BELOW` for reuse, in the CLI and in a
-library caller's process alike (the library path runs as fast as the command). The forwards inside a load
-(``pp.quantize``'s calibration, SmoothQuant's ranges, GPTQ's Hessians) are computing: :func:`computing` keeps their
-blocks for reuse while they run (a 35M-sized GPTQ quantize spent 30 of its 84 s in the kernel without it). The resident size then follows the
+library caller's process alike (the library path runs as fast as the command). The resident size then follows the
 largest batch's working set, which the batch plan keeps within the memory budget (``fold``'s and ``embed``'s
 checks). A CLI command restores glibc's threshold when it ends (:func:`managed_heap`). Measurements:
 docs/benchmarks-history.md. Every call is a no-op off glibc (macOS, Windows, musl), and a user's own
 ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` / ``GLIBC_TUNABLES`` wins.
+
+The forwards inside a load (``pp.quantize``'s calibration, SmoothQuant's ranges, GPTQ's Hessians) and a streamed
+quantize's layers are computing: :func:`computing` keeps their blocks for reuse while they run (a 35M-sized GPTQ
+quantize spent 30 of its 84 s in the kernel without it).
 """
 
 from __future__ import annotations
