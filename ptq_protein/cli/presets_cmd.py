@@ -11,8 +11,9 @@ GROUPS = {"ours": "ours", "baselines": "baselines (SmoothQuant, GPTQ, FP8)",
 EPILOG = """marks:
   [fast]      language models: uniform 8-bit activations, per tensor or per token, and integer weights:
               every quantized Linear is one integer GEMM
-  [accurate]  language models: 8-bit piecewise-linear activations (outliers kept, nothing clipped):
-              several integer GEMMs per site, about float speed
+  [accurate]  language models: the same, with the sites where outliers cost most kept in floating point
+              (a little slower, more accurate; the default of --bits 8 on ESM-2)
+  (none)      piecewise-linear activations run several integer GEMMs per site: about float speed on a CPU
   [ESM C]     ESM C only (it rotates ESM C's SwiGLU product); other models are refused in one line
   [ESMFold]   ESMFold only (it runs the folding trunk's pair operations in bfloat16); others are refused in one line
 The marks say what each recipe computes, not a measurement; measured errors and speeds are in docs/methods.md,

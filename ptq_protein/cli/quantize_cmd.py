@@ -25,7 +25,8 @@ EXIT_FIDELITY = 3  # the artifact was written, but its own check is far outside 
 EXAMPLES = """examples:
   ptq-protein quantize tiny-esmfold --bits 8                      # the embedded demo, no weights needed
   ptq-protein quantize tiny-esm2 --compare w8a8-uniform,a8-pwlq   # also check other recipes, one calibration pass
-  ptq-protein quantize esmfold --bits 8                           # w8a8-pwlq, calibrated on the bundled CASP14 set
+  ptq-protein quantize esmfold --bits 8                           # bf16-trunk: the folding trunk's pair operations
+  ptq-protein quantize esm2_t33_650M_UR50D --bits 8               # w8a8-smoothquant-gptq-pertoken on casp14:50
   ptq-protein quantize esm2_t33_650M_UR50D --preset w4a8-pwlq --calib my.fasta --out runs/650m-w4a8
   ptq-protein quantize tiny-esmfold --auto --budget "tm>=0.99"     # per-layer mixed precision, verified held-out
   ptq-protein quantize tiny-esm2 --auto --budget "logits_rel<=0.02" --unit site
@@ -41,7 +42,8 @@ def register(subparsers) -> None:
     p.add_argument("model", help=MODEL_HELP)
     group = p.add_mutually_exclusive_group()
     group.add_argument("--bits", type=int, help="4, 6 or 8: the default piecewise-linear recipe at that "
-                                                "width (default 8; on ESMFold, 8 is bf16-trunk: docs/esmfold.md)")
+                                                "width (default 8; 8 is bf16-trunk on ESMFold, docs/esmfold.md, "
+                                                "and w8a8-smoothquant-gptq-pertoken on ESM-2, docs/embeddings.md)")
     group.add_argument("--preset", help="a named recipe (w8a8-pwlq, w8a8-smoothquant, w8a8-rotate, ...; "
                                         "'ptq-protein presets' lists all, one line each)")
     group.add_argument("--auto", action="store_true",
@@ -101,7 +103,11 @@ def run(args: argparse.Namespace) -> int:
     out = args.out if args.out is not None else f"runs/{Path(args.model).name}-{recipe}"
     check_artifact_out(out, force=args.force)  # before calibration: refused in words, not after minutes
     out = Path(out)
-    if memory_mode(args, budget):
+    streamed = memory_mode(args, budget, recipe)
+    if streamed is not None:
+        recipe = streamed
+        out = out if args.out is not None else Path(f"runs/{Path(args.model).name}-{recipe}")
+        check_artifact_out(out, force=args.force)
         qmodel, check = quantize_low_memory(args, recipe)  # the float outputs of --check streamed too
         comparison = _fidelity(qmodel, check) if check is not None else None
         summary = _summary(qmodel, out, recipe, _save(qmodel, out, args, None, comparison))
@@ -322,6 +328,8 @@ def _model_info(args: argparse.Namespace, loaded) -> dict:
 
 
 def _summary(qmodel, out: Path, recipe: str, model_name: str) -> dict:
+    from ptq_protein.recipes.presets import lm_point
+
     state = qmodel.ptq_state
     kinds: dict = {}
     for kind in state.quantized.values():
@@ -330,10 +338,14 @@ def _summary(qmodel, out: Path, recipe: str, model_name: str) -> dict:
     return {"artifact": str(out), "model": model_name, "recipe": recipe, "config": state.config.describe(),
             "sites_quantized": len(state.quantized), "by_kind": kinds, "fp_sites": len(state.fp_sites),
             "calibration": None if state.calibration is None else state.calibration.to_dict(),
-            "artifact_bytes": size, "family": state.family, "trunk_dtype": state.config.trunk_dtype}
+            "artifact_bytes": size, "family": state.family, "trunk_dtype": state.config.trunk_dtype,
+            "lm_point": (lm_point(state.config) or "neither") if state.family in _FUSED_LM_FAMILIES else None}
 
 
 _FUSED_LM_FAMILIES = ("fair-esm", "hf-esm")  # ESM-2 language models: the fused integer layer runs them
+_POINTS = {"fast": "the fast point (every quantized Linear one integer GEMM)",
+           "accurate": "the accurate point (integer GEMMs, the sites where outliers cost most in floating point)",
+           "neither": "on neither point (not one integer GEMM per quantized Linear)"}
 _SLOW_ON_CPU = ("w8a8-pwlq",)  # the default recipe: measured 1.0-1.1x FP32 on CPU (BENCHMARKS.md)
 
 
@@ -348,6 +360,8 @@ def _print_summary(summary: dict, demo: bool) -> None:
         print(f"folding trunk: pair operations in {summary['trunk_dtype']} (their Linear weights stored so; their "
               "products run so where the CPU or GPU has it natively, else float32)")
     print(f"artifact: {summary['artifact']} ({summary['artifact_bytes'] / 1e6:.2f} MB)")
+    if summary.get("lm_point"):
+        print(f"embeddings on a CPU: {_POINTS[summary['lm_point']]} ('ptq-protein presets' marks every recipe)")
     if summary.get("family") in _FUSED_LM_FAMILIES and summary["recipe"] in _SLOW_ON_CPU:
         print(f"speed: on CPU, {summary['recipe']} runs about as fast as the FP model (its outlier pieces take a "
               "float product); for embed and score, --preset w8a8-smoothquant runs the fused integer layer, 2-3x "

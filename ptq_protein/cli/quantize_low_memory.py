@@ -4,12 +4,17 @@ with the same fidelity check as the default mode (the float outputs of the check
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Optional
 
 from ptq_protein.cli.common import CPU_CALIB_MAX_LENGTH, calib_crop
 
-__all__ = ["memory_mode", "quantize_low_memory"]
+__all__ = ["memory_mode", "quantize_low_memory", "STREAMED_DEFAULT"]
+
+# --bits 8's recipe where the model is streamed: ESM-2's own default (SmoothQuant, then GPTQ) changes the whole
+# model before calibrating it, which a layer-by-layer run cannot do.
+STREAMED_DEFAULT = "w8a8-pwlq"
 
 
 def quantize_low_memory(args: argparse.Namespace, recipe: str):
@@ -26,25 +31,53 @@ def quantize_low_memory(args: argparse.Namespace, recipe: str):
     return qmodel, (None if chosen is None else (chosen, refs))
 
 
-def memory_mode(args: argparse.Namespace, budget) -> bool:
-    """True to stream layer by layer (``--low-memory``, or needed to fit).
+def memory_mode(args: argparse.Namespace, budget, recipe: str) -> Optional[str]:
+    """The recipe to stream layer by layer with (``--low-memory``, or needed to fit); None: the default mode.
 
-    Refuses, before loading, a run that cannot fit.
+    A default recipe (no ``--preset``) that changes the model before calibrating it streams
+    :data:`STREAMED_DEFAULT` instead, said in one line. Refuses, before loading, a run that cannot fit, and
+    ``--low-memory`` with a recipe that cannot stream.
     """
     from ptq_protein.api import resolve_calibration
     from ptq_protein.models.adapters import ModelAdapter
     from ptq_protein.models.loading import locate_weights
+    from ptq_protein.recipes.presets import preset_for_bits
     from ptq_protein.workflows.memory_budget import choose_low_memory
 
     path = locate_weights(args.model, args.weights)
     refusal = stream_refusal(args, budget, path)
+    if refusal is None and args.preset is None:  # --bits' recipe for what a streamed file holds: an ESM-2
+        recipe = preset_for_bits(args.bits if args.bits is not None else 8, "fair-esm")
+    streamed = recipe
+    if refusal is None and _recipe_refusal(recipe) is not None:
+        if args.preset is None and getattr(args, "smoothquant_alpha", None) is None:
+            streamed = STREAMED_DEFAULT
+        else:
+            refusal = _recipe_refusal(recipe)
     if args.low_memory and refusal is not None:
         raise ValueError(f"--low-memory does not apply here: {refusal}; drop --low-memory")
     crop = args.calib_max_length if args.calib_max_length is not None else CPU_CALIB_MAX_LENGTH
     longest = max((len(s) for s in resolve_calibration(args.calib)[1]), default=0)
     # Without --batch-size, the base default (the language models') bounds every family's.
     tokens = (args.batch_size or ModelAdapter.calibration_batch) * ((min(longest, crop) if crop else longest) + 2)
-    return choose_low_memory(path, asked=args.low_memory, calibration_tokens=tokens, stream_refusal=refusal)
+    if not choose_low_memory(path, asked=args.low_memory, calibration_tokens=tokens, stream_refusal=refusal):
+        return None
+    if streamed != recipe:
+        print(f"streaming layer by layer: {streamed} (the default {recipe} changes the whole model before "
+              "calibrating it: SmoothQuant, GPTQ); --preset picks another", file=sys.stderr)
+    return streamed
+
+
+def _recipe_refusal(recipe: str) -> Optional[str]:
+    """Why ``recipe`` cannot run layer by layer (None: it can)."""
+    from ptq_protein.passes.plan import plan_calibration
+    from ptq_protein.passes.recipe import resolve_recipe
+    from ptq_protein.recipes.presets import get_preset
+
+    cfg = get_preset(recipe)
+    steps = resolve_recipe(cfg)
+    why = steps.not_streamed(plan_calibration(cfg, steps.passes, ()))
+    return None if why is None else f"recipe {recipe} cannot stream ({why})"
 
 
 def stream_refusal(args: argparse.Namespace, budget, path: Optional[Path]) -> Optional[str]:

@@ -30,4 +30,4 @@ class FoldSmoothQuant:
 
     def run(self, run: Run) -> None:
         smooth_model_(run.model, run.adapter, run.seqs, run.cfg.smoothquant, linears=set(run.linear_names),
-                      batch_size=run.batch_size, forward_kwargs=run.forward_kwargs)
+                      batch_size=run.batch_size, forward_kwargs=run.forward_kwargs, progress=run.progress)

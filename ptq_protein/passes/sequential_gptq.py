@@ -33,4 +33,5 @@ class SequentialGptq:
         names = run.linear_names
         run.originals = {n: run.model.get_submodule(n).weight.detach().clone() for n in names}
         run.weight_codes = gptq_model_(run.model, run.adapter, names, run.cfg.weights, run.cfg.gptq, run.seqs,
-                                       batch_size=run.batch_size, forward_kwargs=run.forward_kwargs)
+                                       batch_size=run.batch_size, forward_kwargs=run.forward_kwargs,
+                                       progress=run.progress)

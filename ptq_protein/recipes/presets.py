@@ -20,7 +20,7 @@ from ptq_protein.recipes import baselines, ours, study
 from ptq_protein.recipes.config import Granularity, QuantConfig, Scheme
 
 __all__ = ["PRESETS", "PRESET_DOCS", "PRESET_GROUPS", "PresetLine", "preset_lines", "lm_point", "get_preset",
-           "resolve_config", "preset_for_bits"]
+           "LM_DEFAULT", "resolve_config", "preset_for_bits"]
 
 _FAMILIES = (ours, baselines, study)
 
@@ -55,23 +55,21 @@ def preset_lines() -> List[PresetLine]:
 
 
 def lm_point(cfg: QuantConfig) -> str:
-    """Where ``cfg`` sits for a language model, read from what it computes (not from a measurement).
+    """Where ``cfg`` sits for a language model's CPU embeddings, read from what it computes (not a measurement).
 
     ``"fast"``: uniform 8-bit activations, per tensor (static) or per token (dynamic), with integer weights of at
-    most 8 bits: every quantized Linear is one integer GEMM (a static per-tensor recipe runs ESM-2's fused
-    integer layer; a per-token one needs no calibration). ``"accurate"``: 8-bit piecewise-linear activations,
-    which keep the pre-LayerNorm outliers without clipping (the default, ``w8a8-pwlq``): several integer GEMMs
-    per site, about float speed; or a recipe that keeps whole layers in floating point (``exclude``), which
-    trades their speed for accuracy. ``""``: neither (weights only, FP8, other widths, the study's reproductions).
+    most 8 bits: every quantized Linear is one integer GEMM (a static per-tensor recipe runs ESM-2's fused integer
+    layer; a per-token one needs no calibration). ``"accurate"``: the same, with the sites where outliers cost most
+    kept in floating point (``exclude``): their float products trade a little speed for accuracy. ``""``: neither:
+    piecewise-linear activations (several integer GEMMs per site, about float speed on a CPU), weights only, FP8,
+    other widths, the study's reproductions.
     """
     acts, weights = cfg.activations, cfg.weights
     if acts is None or weights is None or cfg.study is not None or acts.bits != 8:
         return ""
-    if acts.scheme is Scheme.PWLQ or cfg.exclude:
-        return "accurate"
     one_gemm = acts.granularity in (Granularity.PER_TENSOR, Granularity.PER_TOKEN)
     if acts.scheme is Scheme.UNIFORM and one_gemm and weights.scheme is Scheme.UNIFORM and weights.bits <= 8:
-        return "fast"
+        return "accurate" if cfg.exclude else "fast"
     return ""
 
 
@@ -87,15 +85,25 @@ def get_preset(name: str) -> QuantConfig:
                          "(or build a pp.QuantConfig)") from None
 
 
+#: ``--bits 8`` on an ESM-2 language model (fair-esm or transformers): the accurate point of its CPU embeddings.
+LM_DEFAULT = "w8a8-smoothquant-gptq-pertoken"
+_LM_FAMILIES = ("fair-esm", "hf-esm")
+
+
 def preset_for_bits(bits: int, family: Optional[str] = None) -> str:
-    """The default recipe for ``--bits N``: piecewise-linear activations at N bits, N-bit weights.
+    """The default recipe for ``--bits N``: piecewise-linear activations at N bits, N-bit weights, except at 8 bits
+    on the families whose 8-bit default differs.
 
     ``family`` is the model adapter's (:attr:`~ptq_protein.models.adapter_base.ModelAdapter.family`): ESMFold's
     8-bit default runs its folding trunk in bfloat16 and keeps the rest in float (``bf16-trunk``, see
-    :mod:`ptq_protein.recipes.ours` for why).
+    :mod:`ptq_protein.recipes.ours` for why); an ESM-2 language model's is :data:`LM_DEFAULT`, whose int8 layers
+    embed as accurately as OpenVINO's bfloat16 at its CPU time (BENCHMARKS.md), where ``w8a8-pwlq`` runs at about
+    float speed; other models (ESM C, unknown) take ``w8a8-pwlq``.
     """
     if bits == 8:
-        return "bf16-trunk" if family == "hf-esmfold" else "w8a8-pwlq"
+        if family == "hf-esmfold":
+            return "bf16-trunk"
+        return LM_DEFAULT if family in _LM_FAMILIES else "w8a8-pwlq"
     if bits == 6:
         return "w6a6-pwlq"
     if bits == 4:

@@ -25,6 +25,7 @@ from ptq_protein.models.adapters import ModelAdapter
 from ptq_protein.quant.fit import quantize_weight
 from ptq_protein.quant.gptq import gptq_quantize
 from ptq_protein.recipes.config import GPTQSpec, TensorQuant
+from ptq_protein.support.progress import progress as progress_of
 
 __all__ = ["gptq_model_"]
 
@@ -34,8 +35,8 @@ log = logging.getLogger(__name__)
 @torch.no_grad()
 def gptq_model_(model: nn.Module, adapter: ModelAdapter, names: Sequence[str], weights: TensorQuant,
                 spec: GPTQSpec, sequences: Sequence[str], *, batch_size: Optional[int] = None,
-                forward_kwargs: Optional[dict] = None,
-                replay_blocks: bool = True) -> Dict[str, Dict[str, torch.Tensor]]:
+                forward_kwargs: Optional[dict] = None, replay_blocks: bool = True,
+                progress: bool = False) -> Dict[str, Dict[str, torch.Tensor]]:
     """GPTQ the Linears ``names`` of ``model`` in place; returns their codes as ``QuantLinear`` keyword arguments.
 
     ``model``'s Linear weights become the dequantized GPTQ weights. A site that never
@@ -51,7 +52,7 @@ def gptq_model_(model: nn.Module, adapter: ModelAdapter, names: Sequence[str], w
         groups = linear_call_groups(model, adapter, names, batches[0], forward_kwargs)
         replay = block_replay(model, adapter, groups, batches[0], forward_kwargs) if replay_blocks else None
         out: Dict[str, Dict[str, torch.Tensor]] = {}
-        for g, group in enumerate(groups):
+        for g, group in enumerate(progress_of(groups, "GPTQ", "site groups", show=progress)):
             if replay is not None:
                 replay.finish_through(replay.plan.group_blocks[g] - 1)  # groups come block by block
             hessian, rows = input_hessian(model, adapter, group[0], batches, forward_kwargs, replay,

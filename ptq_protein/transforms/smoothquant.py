@@ -30,12 +30,12 @@ _PER_CHANNEL = TensorQuant(bits=8, granularity=Granularity.PER_CHANNEL)
 
 
 def input_channel_absmax(model: nn.Module, adapter: ModelAdapter, names: Sequence[str], sequences: Sequence[str],
-                         batch_size: Optional[int] = None,
-                         forward_kwargs: Optional[dict] = None) -> Dict[str, torch.Tensor]:
+                         batch_size: Optional[int] = None, forward_kwargs: Optional[dict] = None,
+                         progress: bool = False) -> Dict[str, torch.Tensor]:
     """Per-channel ``max |x|`` [C] of each named module's input over residue positions."""
     sites = [Site(n, SiteKind.LINEAR, adapter.group_of(n), type(model.get_submodule(n)).__name__, False) for n in names]
     stats = calibrate(model, adapter, sites, {n: _PER_CHANNEL for n in names}, sequences, batch_size=batch_size,
-                      forward_kwargs=forward_kwargs)
+                      forward_kwargs=forward_kwargs, progress=progress)
     out = {}
     for name in names:
         if stats[name].count == 0:
@@ -48,8 +48,9 @@ def input_channel_absmax(model: nn.Module, adapter: ModelAdapter, names: Sequenc
 @torch.no_grad()
 def smooth_model_(model: nn.Module, adapter: ModelAdapter, sequences: Sequence[str], spec: SmoothQuantSpec, *,
                   linears: Optional[Collection[str]] = None, batch_size: Optional[int] = None,
-                  forward_kwargs: Optional[dict] = None) -> Dict[str, torch.Tensor]:
-    """Smooth ``model`` in place; returns the factors ``s`` [C] by LayerNorm name.
+                  forward_kwargs: Optional[dict] = None, progress: bool = False) -> Dict[str, torch.Tensor]:
+    """Smooth ``model`` in place; returns the factors ``s`` [C] by LayerNorm name (``progress``: of its ranges'
+    calibration).
 
     ``linears``: only pairs with at least one of these Linears (the sites being
     quantized) are smoothed; None smooths every pair.
@@ -61,7 +62,7 @@ def smooth_model_(model: nn.Module, adapter: ModelAdapter, sequences: Sequence[s
                     type(model).__name__)
         return {}
     absmax = input_channel_absmax(model, adapter, [lins[0] for _, lins in pairs], sequences, batch_size,
-                                  forward_kwargs)
+                                  forward_kwargs, progress)
     factors = {}
     for ln_name, lin_names in pairs:
         if lin_names[0] not in absmax:

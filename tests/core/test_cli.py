@@ -38,17 +38,23 @@ def test_quantize_then_fold_writes_parseable_pdbs(tmp_path, capsys):
     assert code == 2 and "--force" in err and "\n" not in err.strip()
 
 
-@pytest.mark.parametrize("model, preset, hinted", [("tiny-esm2", None, True), ("tiny-esm2", "w8a8-smoothquant", False),
-                                                   ("tiny-esmfold", None, False)])
-def test_the_summary_points_embedding_users_to_the_fast_recipe(tmp_path, capsys, model, preset, hinted):
-    """The default recipe (w8a8-pwlq) runs an ESM-2 LM on CPU at about FP32's speed: the summary names the recipe
-    whose fused integer layer is faster, once, and only where it applies."""
+@pytest.mark.parametrize("model, preset, hinted, point", [
+    ("tiny-esm2", "w8a8-pwlq", True, "on neither point"), ("tiny-esm2", None, False, "the accurate point"),
+    ("tiny-esm2", "w8a8-smoothquant", False, "the fast point"), ("tiny-esmfold", None, False, None)])
+def test_the_summary_says_where_a_language_model_recipe_sits(tmp_path, capsys, model, preset, hinted, point):
+    """w8a8-pwlq runs an ESM-2 LM on CPU at about FP32's speed: the summary names the recipe whose fused integer
+    layer is faster, once, and only where it applies; for a language model it says which point the recipe is on
+    (ESM-2's default: the accurate one), for ESMFold nothing."""
     argv = ["quantize", model, "--calib", "casp14:2", "--check", "0", "--compare", "none", "--out", str(tmp_path / "a")]
     code, out, err = _run(capsys, *argv, *(["--preset", preset] if preset else []))
     assert code == 0, err
     speed = [line for line in out.splitlines() if line.startswith("speed:")]
     assert len(speed) == int(hinted)
     assert not hinted or "--preset w8a8-smoothquant" in speed[0]
+    points = [line for line in out.splitlines() if line.startswith("embeddings on a CPU:")]
+    assert len(points) == (point is not None) and (point is None or point in points[0])
+    if preset is None and point is not None:
+        assert "with w8a8-smoothquant-gptq-pertoken" in out  # --bits 8's recipe for an ESM-2
 
 
 def test_inspect_writes_report_and_plot(tmp_path, capsys):

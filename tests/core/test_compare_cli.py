@@ -79,8 +79,8 @@ def test_quickstart_demo_prints_the_comparison_from_one_calibration_pass(tmp_pat
 
 def test_compare_json_carries_the_table_and_skips_unknown_recipes(tmp_path, capsys, calibration_counter, monkeypatch):
     monkeypatch.setattr(compare_table, "DEMO_COMPARE", ("w8a8-uniform", "study-not-here"))
-    code, out, err = _run(capsys, "quantize", "tiny-esm2", "--calib", "casp14:5", "--check", "2", "--json",
-                          "--out", str(tmp_path / "a"))
+    code, out, err = _run(capsys, "quantize", "tiny-esm2", "--preset", "w8a8-pwlq", "--calib", "casp14:5", "--check",
+                          "2", "--json", "--out", str(tmp_path / "a"))
     assert code == 0, err
     comparison = json.loads(out)["comparison"]
     assert comparison["skipped"] == ["study-not-here"]
@@ -91,8 +91,8 @@ def test_compare_json_carries_the_table_and_skips_unknown_recipes(tmp_path, caps
     seqs = comparison["sequences"]
     assert len(seqs["ids"]) == 2 and seqs["lengths"] == [min(128, n) for n in seqs["full_lengths"]]
 
-    code, out, err = _run(capsys, "quantize", "tiny-esm2", "--calib", "casp14:5", "--check", "1", "--json",
-                          "--compare", "none", "--out", str(tmp_path / "b"))
+    code, out, err = _run(capsys, "quantize", "tiny-esm2", "--preset", "w8a8-pwlq", "--calib", "casp14:5", "--check",
+                          "1", "--json", "--compare", "none", "--out", str(tmp_path / "b"))
     assert code == 0, err
     assert [r["recipe"] for r in json.loads(out)["comparison"]["rows"]] == ["w8a8-pwlq"]
 

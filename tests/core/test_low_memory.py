@@ -145,6 +145,35 @@ def test_no_silent_switch_when_the_run_cannot_stream(tmp_path, monkeypatch, caps
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("asked", [True, False])
+def test_the_esm2_default_streams_the_streamable_recipe_and_says_so(tmp_path, monkeypatch, capsys, asked):
+    """ESM-2's --bits 8 default (SmoothQuant, then GPTQ) changes the whole model first: streamed, asked for or
+    chosen to fit, the run takes w8a8-pwlq, says so in one line, and writes what --preset w8a8-pwlq writes."""
+    from safetensors.torch import load_file
+
+    path = _write_fair_esm2(tmp_path / "esm2_t6_8M_UR50D.pt")
+    common = ["quantize", str(path), "--calib", "casp14:3", "--quiet", "--check", "0"]
+    assert main(common + ["--preset", "w8a8-pwlq", "--low-memory", "--out", str(tmp_path / "a")]) == 0
+    capsys.readouterr()
+    if not asked:
+        _between_the_modes(monkeypatch)
+    assert main(common + ["--out", str(tmp_path / "b")] + ["--low-memory"] * asked) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("streaming layer by layer")]
+    assert len(notes) == 1 and "w8a8-pwlq" in notes[0] and "w8a8-smoothquant-gptq-pertoken" in notes[0]
+    assert json.loads((tmp_path / "b" / "recipe.json").read_text())["config"]["name"] == "w8a8-pwlq"
+    a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_low_memory_refuses_a_named_recipe_it_cannot_stream_before_loading(tmp_path, capsys):
+    path = _write_fair_esm2(tmp_path / "esm2_t6_8M_UR50D.pt")
+    code = main(["quantize", str(path), "--preset", "w8a8-smoothquant-gptq-pertoken", "--low-memory",
+                 "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "cannot stream" in err[0] and "drop --low-memory" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
 def test_memory_estimate_orders_the_modes():
     size = 2_600_000_000
     full = budget.estimate_quantize_memory(size, low_memory=False, calibration_tokens=520)

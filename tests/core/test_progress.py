@@ -30,3 +30,19 @@ def test_quiet_and_terminal(caplog):
 
     bar = progress(items, "x", "y", terminal=True)
     assert isinstance(bar, tqdm) and list(bar) == items
+
+
+def test_smoothquant_and_gptq_passes_say_how_far_they_are(caplog, esm2, calib_seqs):
+    """The model-changing passes of ESM-2's default (SmoothQuant's ranges, GPTQ's site groups) log progress as the
+    calibration does: minutes of GPTQ on a large model are not silent."""
+    import ptq_protein as pp
+
+    with caplog.at_level(logging.INFO, logger="ptq_protein.support.progress"):
+        pp.quantize(esm2, "w8a8-smoothquant-gptq", calibration=list(calib_seqs), progress=True)
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith("GPTQ: ") and "site groups" in line for line in lines)
+    assert sum(line.startswith("calibrating: ") for line in lines) >= 2  # SmoothQuant's ranges, then the activations
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="ptq_protein.support.progress"):
+        pp.quantize(esm2, "w8a8-smoothquant-gptq", calibration=list(calib_seqs))
+    assert not caplog.records  # progress=False: silent
