@@ -16,9 +16,10 @@ from ptq_protein.cli.common import (
     print_json,
     show_progress,
 )
-from ptq_protein.cli.compare_table import add_check_options, compare_names, comparison_lines, print_comparison
+from ptq_protein.cli.compare_table import add_check_options, compare_names, comparison_lines
 from ptq_protein.cli.models_arg import MODEL_HELP, add_model_options, load_float_model
 from ptq_protein.cli.quantize_low_memory import memory_mode, quantize_low_memory
+from ptq_protein.cli.quantize_summary import print_summary, summary_of
 
 EXIT_FIDELITY = 3  # the artifact was written, but its own check is far outside what its recipe gives
 
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         check_artifact_out(out, force=args.force)
         qmodel, check = quantize_low_memory(args, recipe)  # the float outputs of --check streamed too
         comparison = _fidelity(qmodel, check) if check is not None else None
-        summary = _summary(qmodel, out, recipe, _save(qmodel, out, args, None, comparison))
+        summary = summary_of(qmodel, out, recipe, _save(qmodel, out, args, None, comparison))
         summary["low_memory"] = "asked" if args.low_memory else "chosen: only this mode fits in memory"
         if comparison is not None:
             comparison.pop("references")
@@ -138,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
                              backend=args.backend, batch_size=args.batch_size, progress=show_progress(args),
                              num_recycles=args.num_recycles, calib_max_length=crop, inplace=not compare)
     comparison = _fidelity(qmodel, check, show_progress(args)) if check is not None else None  # sealed
-    summary = _summary(qmodel, out, recipe, _save(qmodel, out, args, loaded, comparison))
+    summary = summary_of(qmodel, out, recipe, _save(qmodel, out, args, loaded, comparison))
     if alpha_search:
         summary["smoothquant_alpha"] = alpha_search
     if qmodel.ptq_state.plan is not None:
@@ -269,7 +270,7 @@ def _report(summary: dict, args: argparse.Namespace, demo: bool) -> int:
     if args.json:
         print_json(summary)
     else:
-        _print_summary(summary, demo)
+        print_summary(summary, demo)
     found = summary.get("fidelity_verdict")
     if found and not found["within"]:
         print(f"ptq-protein quantize: warning: {verdict_line(summary['recipe'], found)}; {summary['artifact']} "
@@ -325,64 +326,6 @@ def _model_info(args: argparse.Namespace, loaded) -> dict:
     path = locate_weights(args.model, args.weights).resolve()
     name = path.stem if Path(args.model).exists() else args.model
     return {"name": name, "family": "fair-esm", "source": str(path), "source_sha256": weights_sha256(path)}
-
-
-def _summary(qmodel, out: Path, recipe: str, model_name: str) -> dict:
-    from ptq_protein.recipes.presets import lm_point
-
-    state = qmodel.ptq_state
-    kinds: dict = {}
-    for kind in state.quantized.values():
-        kinds[kind] = kinds.get(kind, 0) + 1
-    size = sum(f.stat().st_size for f in out.iterdir())
-    return {"artifact": str(out), "model": model_name, "recipe": recipe, "config": state.config.describe(),
-            "sites_quantized": len(state.quantized), "by_kind": kinds, "fp_sites": len(state.fp_sites),
-            "calibration": None if state.calibration is None else state.calibration.to_dict(),
-            "artifact_bytes": size, "family": state.family, "trunk_dtype": state.config.trunk_dtype,
-            "lm_point": (lm_point(state.config) or "neither") if state.family in _FUSED_LM_FAMILIES else None}
-
-
-_FUSED_LM_FAMILIES = ("fair-esm", "hf-esm")  # ESM-2 language models: the fused integer layer runs them
-_POINTS = {"fast": "the fast point (every quantized Linear one integer GEMM)",
-           "accurate": "the accurate point (integer GEMMs, the sites where outliers cost most in floating point)",
-           "neither": "on neither point (not one integer GEMM per quantized Linear)"}
-_SLOW_ON_CPU = ("w8a8-pwlq",)  # the default recipe: measured 1.0-1.1x FP32 on CPU (BENCHMARKS.md)
-
-
-def _print_summary(summary: dict, demo: bool) -> None:
-    sites = ", ".join(f"{k}: {v}" for k, v in sorted(summary["by_kind"].items()))
-    print(f"quantized {summary['model']} with {summary['recipe']}: "
-          + (f"{summary['sites_quantized']} sites ({sites})" if summary["sites_quantized"] else "no site quantized"))
-    calib = summary["calibration"]
-    if calib:
-        print(f"calibration: {calib['name']} ({calib['num_sequences']} sequences, sha256 {calib['sha256'][:12]})")
-    if summary.get("trunk_dtype"):
-        print(f"folding trunk: pair operations in {summary['trunk_dtype']} (their Linear weights stored so; their "
-              "products run so where the CPU or GPU has it natively, else float32)")
-    print(f"artifact: {summary['artifact']} ({summary['artifact_bytes'] / 1e6:.2f} MB)")
-    if summary.get("lm_point"):
-        print(f"embeddings on a CPU: {_POINTS[summary['lm_point']]} ('ptq-protein presets' marks every recipe)")
-    if summary.get("family") in _FUSED_LM_FAMILIES and summary["recipe"] in _SLOW_ON_CPU:
-        print(f"speed: on CPU, {summary['recipe']} runs about as fast as the FP model (its outlier pieces take a "
-              "float product); for embed and score, --preset w8a8-smoothquant runs the fused integer layer, 2-3x "
-              "FP32 (docs/int8.md); --compare w8a8-smoothquant shows its error here")
-    search = summary.get("smoothquant_alpha")
-    if search:
-        print(f"smoothquant alpha {_alpha_text(search['chosen'])}, the lowest relative error vs FP on "
-              f"{', '.join(search['scored_on'])}: " + ", ".join(f"{_alpha_text(t['alpha'])} {t['relative_error']:.4f}"
-                                                         for t in search["trials"]))
-    plan = summary.get("plan")
-    if plan:
-        print(f"plan for {plan['budget']}: {plan['avg_bits']:.2f} average bits; held-out "
-              + ", ".join(f"{k} {v:.4f}" for k, v in plan["verified"].items()))
-        for unit in plan["units"]:
-            print(f"  {unit['unit']:<40} {unit['choice']}")
-    if summary.get("comparison"):
-        print_comparison(summary["comparison"], demo)
-
-
-def _alpha_text(alpha: Optional[float]) -> str:
-    return "off (no smoothing)" if alpha is None else f"{alpha:g}"
 
 
 def _family_hint(args: argparse.Namespace) -> Optional[str]:

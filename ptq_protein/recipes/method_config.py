@@ -98,6 +98,12 @@ class GPTQSpec:
     special_rows: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("act_order", "special_rows"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"gptq {name}={getattr(self, name)!r} must be true or false")
+        for name, kind in (("damp", (int, float)), ("block_size", int), ("group_size", int)):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), kind):
+                raise ValueError(f"gptq {name}={getattr(self, name)!r} must be a number")
         if not 0.0 < self.damp < 1.0:
             raise ValueError(f"gptq damp={self.damp} must be in (0, 1) (0.01 is the paper's default)")
         if self.block_size < 1:

@@ -47,6 +47,9 @@ def test_bad_fields_are_refused():
         SmoothQuantSpec(alpha=2.0)
     with pytest.raises(ValueError, match="group_size"):
         GPTQSpec(group_size=128)
+    for field, value in (("special_rows", "no"), ("act_order", 1), ("damp", "0.01"), ("block_size", True)):
+        with pytest.raises(ValueError, match=f"gptq {field}="):  # a string "no" must not read as true
+            GPTQSpec.from_dict({field: value})
     with pytest.raises(ValueError, match="gptq needs symmetric per-channel"):
         QuantConfig(weights=None, gptq=GPTQSpec())
     with pytest.raises(ValueError, match="8-bit symmetric float"):
