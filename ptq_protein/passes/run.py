@@ -23,7 +23,7 @@ class Run:
     sequences and their record), ``batch_size``, ``progress``, ``forward_kwargs``
     and ``mapped`` (memory-mapped weights to hand back, or None).
     Written by the passes: ``stats`` / ``observers`` (calibration), ``weight_codes``
-    and ``originals`` (GPTQ), ``quants`` and ``fp_sites`` (activation quantizers),
+    and ``gptq_sqnr`` (GPTQ), ``quants`` and ``fp_sites`` (activation quantizers),
     ``quantized`` and ``weight_sqnr`` (the swap), ``report`` and ``histograms``.
     """
 
@@ -40,7 +40,7 @@ class Run:
     stats: Dict[str, Any] = field(default_factory=dict)
     observers: Dict[str, Any] = field(default_factory=dict)
     weight_codes: Dict[str, Any] = field(default_factory=dict)
-    originals: Dict[str, Any] = field(default_factory=dict)
+    gptq_sqnr: Dict[str, float] = field(default_factory=dict)
     quants: Dict[str, Any] = field(default_factory=dict)
     fp_sites: List[str] = field(default_factory=list)
     quantized: Dict[str, str] = field(default_factory=dict)

@@ -5,7 +5,7 @@ Hessian); it changes the model before activations are calibrated.
 Reads: ``run.model``, ``run.seqs``, the chosen linear sites, ``cfg.weights``, ``cfg.gptq``.
 Writes: ``run.model`` (each linear's weight replaced by its GPTQ-rounded values),
 ``run.weight_codes`` (the integer codes and scales the swap then uses) and
-``run.originals`` (the float weights, so the report's weight SQNR is against them).
+``run.gptq_sqnr`` (each weight's SQNR against its float values, measured as GPTQ rounds it: the report's).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ class SequentialGptq:
 
     def run(self, run: Run) -> None:
         names = run.linear_names
-        run.originals = {n: run.model.get_submodule(n).weight.detach().clone() for n in names}
         run.weight_codes = gptq_model_(run.model, run.adapter, names, run.cfg.weights, run.cfg.gptq, run.seqs,
                                        batch_size=run.batch_size, forward_kwargs=run.forward_kwargs,
-                                       progress=run.progress)
+                                       progress=run.progress, sqnr=run.gptq_sqnr)

@@ -24,6 +24,7 @@ from ptq_protein.calibration.hessian import block_replay, input_hessian, linear_
 from ptq_protein.models.adapters import ModelAdapter
 from ptq_protein.quant.fit import quantize_weight
 from ptq_protein.quant.gptq import gptq_quantize
+from ptq_protein.quant.metrics import sqnr_db
 from ptq_protein.recipes.config import GPTQSpec, TensorQuant
 from ptq_protein.support.progress import progress as progress_of
 
@@ -36,12 +37,14 @@ log = logging.getLogger(__name__)
 def gptq_model_(model: nn.Module, adapter: ModelAdapter, names: Sequence[str], weights: TensorQuant,
                 spec: GPTQSpec, sequences: Sequence[str], *, batch_size: Optional[int] = None,
                 forward_kwargs: Optional[dict] = None, replay_blocks: bool = True,
-                progress: bool = False) -> Dict[str, Dict[str, torch.Tensor]]:
+                progress: bool = False, sqnr: Optional[Dict[str, float]] = None) -> Dict[str, Dict[str, torch.Tensor]]:
     """GPTQ the Linears ``names`` of ``model`` in place; returns their codes as ``QuantLinear`` keyword arguments.
 
     ``model``'s Linear weights become the dequantized GPTQ weights. A site that never
     runs on the calibration set is rounded to nearest (with a warning). ``replay_blocks``: where sound, the
-    forwards skip the finished blocks (:mod:`~ptq_protein.calibration.block_replay`; the same values).
+    forwards skip the finished blocks (:mod:`~ptq_protein.calibration.block_replay`; the same values). ``sqnr``,
+    when given, receives each site's weight SQNR (dB) against its float weight, measured before it is overwritten:
+    no float copy of the model's weights is kept for the report.
     """
     batches = list(adapter.batches(list(sequences), batch_size))
     if not batches:
@@ -58,7 +61,7 @@ def gptq_model_(model: nn.Module, adapter: ModelAdapter, names: Sequence[str], w
             hessian, rows = input_hessian(model, adapter, group[0], batches, forward_kwargs, replay,
                                           special=spec.special_rows)
             for name in group:
-                out[name] = _quantize_site_(model.get_submodule(name), name, hessian, weights, spec)
+                out[name] = _quantize_site_(model.get_submodule(name), name, hessian, weights, spec, sqnr)
             log.debug("GPTQ %s: %d residue rows", ", ".join(group), rows)
     finally:
         model.train(model_was_training)
@@ -70,12 +73,15 @@ def gptq_model_(model: nn.Module, adapter: ModelAdapter, names: Sequence[str], w
 
 
 def _quantize_site_(linear: nn.Linear, name: str, hessian: Optional[torch.Tensor], weights: TensorQuant,
-                    spec: GPTQSpec) -> Dict[str, torch.Tensor]:
+                    spec: GPTQSpec, sqnr: Optional[Dict[str, float]] = None) -> Dict[str, torch.Tensor]:
     if hessian is None:
         log.warning("GPTQ: %s never saw a residue; its weight is rounded to nearest", name)
         return quantize_weight(linear.weight, weights)
     result = gptq_quantize(linear.weight, hessian, weights.bits, damp=spec.damp, act_order=spec.act_order,
                            block_size=spec.block_size, group_size=spec.group_size)
-    linear.weight.copy_(result.dequantize().to(linear.weight))
+    rounded = result.dequantize()
+    if sqnr is not None:
+        sqnr[name] = sqnr_db(linear.weight, rounded)
+    linear.weight.copy_(rounded.to(linear.weight))
     return {"weight_codes": result.codes, "weight_scale": result.scale,
             "weight_zero_point": torch.zeros(result.scale.shape, dtype=torch.int32)}
