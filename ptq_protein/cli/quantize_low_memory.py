@@ -41,7 +41,7 @@ def memory_mode(args: argparse.Namespace, budget, recipe: str) -> Optional[str]:
     from ptq_protein.api import resolve_calibration
     from ptq_protein.models.adapters import ModelAdapter
     from ptq_protein.models.loading import locate_weights
-    from ptq_protein.recipes.presets import preset_for_bits
+    from ptq_protein.recipes.presets import get_preset, preset_for_bits
     from ptq_protein.workflows.memory_budget import choose_low_memory
 
     path = locate_weights(args.model, args.weights)
@@ -60,7 +60,9 @@ def memory_mode(args: argparse.Namespace, budget, recipe: str) -> Optional[str]:
     longest = max((len(s) for s in resolve_calibration(args.calib)[1]), default=0)
     # Without --batch-size, the base default (the language models') bounds every family's.
     tokens = (args.batch_size or ModelAdapter.calibration_batch) * ((min(longest, crop) if crop else longest) + 2)
-    if not choose_low_memory(path, asked=args.low_memory, calibration_tokens=tokens, stream_refusal=refusal):
+    gptq = budget is None and get_preset(recipe).gptq is not None  # the default mode's recipe
+    if not choose_low_memory(path, asked=args.low_memory, calibration_tokens=tokens, stream_refusal=refusal,
+                             gptq=gptq):
         return None
     if streamed != recipe:
         print(f"streaming layer by layer: {streamed} (the default {recipe} changes the whole model before "
