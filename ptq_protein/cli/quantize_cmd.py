@@ -97,7 +97,9 @@ def run(args: argparse.Namespace) -> int:
 
     budget = auto_budget(args)  # a bad budget fails before any model is loaded
     recipe = "auto" if budget is not None else _recipe_name(args)
-    alpha = _smoothquant_alpha(args, recipe)
+    # A .pt file's family (so --bits' recipe) is known after loading: its check waits for it (_family_default)
+    decided = args.preset is not None or args.bits not in (None, 8) or _family_hint(args) is not None
+    alpha = _smoothquant_alpha(args, recipe, decided=decided)
     if args.check < 0:
         raise ValueError(f"--check {args.check} must be 0 (skip) or a number of sequences")
     _check_recipes(args, recipe, budget)
@@ -119,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         return _report(summary, args, demo=False)
     loaded = load_float_model(args, args.model, mmap=True)
     recipe, out = _family_default(args, loaded, recipe, budget, out)
+    alpha = _smoothquant_alpha(args, recipe)  # the recipe is known now: refused before any calibration
     demo = _is_demo(loaded)
     crop = calib_crop(args, loaded.device)
     compare, skipped, passes, notes, alpha_search = [], [], {}, {}, None
@@ -206,14 +209,15 @@ def _check_sites(model, recipe: str, compare) -> None:
             raise ValueError(f"{'--preset' if name == recipe else '--compare'} {name}: {err}") from err
 
 
-def _smoothquant_alpha(args: argparse.Namespace, recipe: str):
-    """``--smoothquant-alpha`` checked before any model is loaded: None, a float, or "auto"."""
+def _smoothquant_alpha(args: argparse.Namespace, recipe: str, decided: bool = True):
+    """``--smoothquant-alpha`` checked before any model is loaded: None, a float, or "auto". ``decided``: ``recipe``
+    is the one that will run (not --bits' guess for a file whose family the load tells); else only the value."""
     from ptq_protein.recipes.presets import get_preset
 
     text = args.smoothquant_alpha
     if text is None:
         return None
-    if recipe == "auto" or get_preset(recipe).smoothquant is None:
+    if recipe == "auto" or (decided and get_preset(recipe).smoothquant is None):
         raise ValueError(f"--smoothquant-alpha applies to SmoothQuant presets (e.g. --preset w8a8-smoothquant), "
                          f"not {recipe!r}: drop it or pick such a preset")
     if text.strip().lower() == "auto":
