@@ -50,3 +50,21 @@ def seqs():
 def calib_seqs():
     """The same sequences for session/module-scoped fixtures (a tuple: nobody mutates it)."""
     return tuple(SEQS)
+
+
+def write_fair_esm2(path, seed=0):
+    """The tiny ESM-2 as a fair-esm ``.pt`` file (``cfg['model']``, the published key layout): what ``--low-memory``
+    streams, and a file whose family (so ``--bits``' recipe) is known only once loaded."""
+    import argparse
+
+    import torch
+
+    from ptq_protein.models.tiny import build_tiny
+
+    model, _, _ = build_tiny("tiny-esm2", seed=seed)
+    body = {("encoder." if k.startswith(("lm_head.", "contact_head.")) else "encoder.sentence_encoder.") + k: v
+            for k, v in model.state_dict().items()}
+    cfg = argparse.Namespace(encoder_layers=model.num_layers, encoder_embed_dim=model.embed_dim,
+                             encoder_attention_heads=model.attention_heads, token_dropout=model.token_dropout)
+    torch.save({"model": body, "cfg": {"model": cfg}}, path)
+    return path

@@ -1,10 +1,10 @@
 """Bounded-memory quantize (issue 13): streaming mode, mapped weights, the up-front memory check."""
 
-import argparse
 import json
 
 import pytest
 import torch
+from tiny_fixtures import write_fair_esm2
 
 import ptq_protein as pp
 from ptq_protein.cli.main import main
@@ -18,23 +18,13 @@ from ptq_protein.workflows.streaming import quantize_streaming
 SEQS = ["MKTAYIAKQRQISFVKSHFSRQ", "GSHMLEDPVAGK", "MQIFVKTLTGKTITLEVEPSDTIENVKAKIQDKEG"]
 
 
-def _write_fair_esm2(path, seed=0):
-    model, _, _ = build_tiny("tiny-esm2", seed=seed)
-    body = {("encoder." if k.startswith(("lm_head.", "contact_head.")) else "encoder.sentence_encoder.") + k: v
-            for k, v in model.state_dict().items()}
-    cfg = argparse.Namespace(encoder_layers=model.num_layers, encoder_embed_dim=model.embed_dim,
-                             encoder_attention_heads=model.attention_heads, token_dropout=model.token_dropout)
-    torch.save({"model": body, "cfg": {"model": cfg}}, path)
-    return path
-
-
 def _tensors(qmodel):
     return {k: v.clone() for k, v in qmodel.state_dict().items()}
 
 
 @pytest.mark.parametrize("recipe", ["w8a8-uniform", "w8a8-pwlq"])
 def test_streaming_equals_default_mode_bit_for_bit(tmp_path, recipe):
-    path = _write_fair_esm2(tmp_path / "esm2_t6_8M_UR50D.pt")
+    path = write_fair_esm2(tmp_path / "esm2_t6_8M_UR50D.pt")
     default = pp.quantize(load_model(path).model, recipe, calibration=SEQS, batch_size=2, inplace=True)
     streamed = quantize_streaming(path, recipe, calibration=SEQS, batch_size=2)
     a, b = _tensors(default), _tensors(streamed)
@@ -52,13 +42,13 @@ def test_streaming_equals_default_mode_bit_for_bit(tmp_path, recipe):
 def test_streaming_refuses_a_recipe_whose_passes_it_cannot_stream(tmp_path, recipe, why):
     from ptq_protein.support.errors import InputError
 
-    path = _write_fair_esm2(tmp_path / "esm2_t6_8M_UR50D.pt")
+    path = write_fair_esm2(tmp_path / "esm2_t6_8M_UR50D.pt")
     with pytest.raises(InputError, match=f"{why}.*without --low-memory"):
         quantize_streaming(path, recipe, calibration=SEQS)
 
 
 def test_streaming_quantized_propagation_differs_only_after_the_first_layer(tmp_path):
-    path = _write_fair_esm2(tmp_path / "m.pt")
+    path = write_fair_esm2(tmp_path / "m.pt")
     fp = quantize_streaming(path, "w8a8-uniform", calibration=SEQS, batch_size=2)
     seq = quantize_streaming(path, "w8a8-uniform", calibration=SEQS, batch_size=2, propagate="quantized")
     first = [k for k in fp.state_dict() if k.startswith("layers.0.")]
@@ -68,7 +58,7 @@ def test_streaming_quantized_propagation_differs_only_after_the_first_layer(tmp_
 
 
 def test_mapped_weights_give_the_same_model_and_survive_release(tmp_path):
-    path = _write_fair_esm2(tmp_path / "m.pt", seed=3)
+    path = write_fair_esm2(tmp_path / "m.pt", seed=3)
     mapped, plain = load_model(path, mmap=True), load_model(path)
     handle = mapped_file_of(mapped.model)
     assert handle is not None and mapped_file_of(plain.model) is None
@@ -82,7 +72,7 @@ def test_mapped_weights_give_the_same_model_and_survive_release(tmp_path):
 
 
 def test_quantize_in_place_keeps_no_float_copy_of_linear_weights(tmp_path):
-    model = load_model(_write_fair_esm2(tmp_path / "m.pt")).model
+    model = load_model(write_fair_esm2(tmp_path / "m.pt")).model
     q = pp.quantize(model, "w8-only", inplace=True)
     assert q is model
     lin = q.layers[0].fc1
@@ -94,7 +84,7 @@ def test_quantize_in_place_keeps_no_float_copy_of_linear_weights(tmp_path):
 
 
 def test_memory_check_refuses_with_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
-    path = _write_fair_esm2(tmp_path / "m.pt")
+    path = write_fair_esm2(tmp_path / "m.pt")
     monkeypatch.setattr(budget, "available_memory_bytes", lambda: 1 << 20)
     code = main(["quantize", str(path), "--calib", "casp14:2", "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
@@ -122,7 +112,7 @@ def _between_the_modes(monkeypatch):
 def test_quantize_streams_by_itself_when_only_low_memory_fits(tmp_path, monkeypatch, caplog, capsys):
     from safetensors.torch import load_file
 
-    path = _write_fair_esm2(tmp_path / "esm2_t6_8M_UR50D.pt")
+    path = write_fair_esm2(tmp_path / "esm2_t6_8M_UR50D.pt")
     common = ["quantize", str(path), "--preset", "w8a8-uniform", "--calib", "casp14:3", "--quiet"]
     assert main(common + ["--out", str(tmp_path / "a")]) == 0  # ample memory: the default mode
     capsys.readouterr()
@@ -136,7 +126,7 @@ def test_quantize_streams_by_itself_when_only_low_memory_fits(tmp_path, monkeypa
 
 
 def test_no_silent_switch_when_the_run_cannot_stream(tmp_path, monkeypatch, capsys):
-    path = _write_fair_esm2(tmp_path / "esm2_t6_8M_UR50D.pt")
+    path = write_fair_esm2(tmp_path / "esm2_t6_8M_UR50D.pt")
     _between_the_modes(monkeypatch)
     code = main(["quantize", str(path), "--calib", "casp14:2", "--compare", "w8a8-uniform",
                  "--out", str(tmp_path / "out")])
@@ -151,7 +141,7 @@ def test_the_esm2_default_streams_the_streamable_recipe_and_says_so(tmp_path, mo
     chosen to fit, the run takes w8a8-pwlq, says so in one line, and writes what --preset w8a8-pwlq writes."""
     from safetensors.torch import load_file
 
-    path = _write_fair_esm2(tmp_path / "esm2_t6_8M_UR50D.pt")
+    path = write_fair_esm2(tmp_path / "esm2_t6_8M_UR50D.pt")
     common = ["quantize", str(path), "--calib", "casp14:3", "--quiet", "--check", "0"]
     assert main(common + ["--preset", "w8a8-pwlq", "--low-memory", "--out", str(tmp_path / "a")]) == 0
     capsys.readouterr()
@@ -166,7 +156,7 @@ def test_the_esm2_default_streams_the_streamable_recipe_and_says_so(tmp_path, mo
 
 
 def test_low_memory_refuses_a_named_recipe_it_cannot_stream_before_loading(tmp_path, capsys):
-    path = _write_fair_esm2(tmp_path / "esm2_t6_8M_UR50D.pt")
+    path = write_fair_esm2(tmp_path / "esm2_t6_8M_UR50D.pt")
     code = main(["quantize", str(path), "--preset", "w8a8-smoothquant-gptq-pertoken", "--low-memory",
                  "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
@@ -185,7 +175,7 @@ def test_memory_estimate_orders_the_modes():
 def test_cli_low_memory_writes_the_default_modes_artifact(tmp_path):
     from safetensors.torch import load_file
 
-    path = _write_fair_esm2(tmp_path / "esm2_t6_8M_UR50D.pt")
+    path = write_fair_esm2(tmp_path / "esm2_t6_8M_UR50D.pt")
     common = ["quantize", str(path), "--preset", "w8a8-uniform", "--calib", "casp14:3", "--quiet"]
     assert main(common + ["--out", str(tmp_path / "a")]) == 0
     assert main(common + ["--out", str(tmp_path / "b"), "--low-memory"]) == 0
@@ -197,7 +187,7 @@ def test_cli_low_memory_writes_the_default_modes_artifact(tmp_path):
 def test_mapped_forward_trims_the_heap_only_after_resident_growth(tmp_path, monkeypatch):
     from ptq_protein.models import mapped as mapped_mod
 
-    path = _write_fair_esm2(tmp_path / "m.pt", seed=3)
+    path = write_fair_esm2(tmp_path / "m.pt", seed=3)
     loaded = load_model(path, mmap=True)
     resident, trims = [1000], []
     monkeypatch.setattr(mapped_mod, "resident_bytes", lambda: resident[0])
@@ -218,7 +208,7 @@ def test_mapped_forward_trims_the_heap_only_after_resident_growth(tmp_path, monk
 
 def test_release_keeps_the_pages_of_a_weight_edited_in_place(tmp_path):
     """A mapped page written after loading is this process's copy: handing it back would restore the file's bytes."""
-    loaded = load_model(_write_fair_esm2(tmp_path / "m.pt"), mmap=True)
+    loaded = load_model(write_fair_esm2(tmp_path / "m.pt"), mmap=True)
     handle = mapped_file_of(loaded.model)
     weight = loaded.model.layers[0].fc1.weight  # 256 x 64 float32: whole pages inside
     with torch.no_grad():
@@ -248,7 +238,7 @@ def test_a_mapped_checkpoint_quantizes_in_place_as_one_read_into_memory(tmp_path
         path = tmp_path / "esmc.pth"
         torch.save(build_tiny("tiny-esmc")[0].state_dict(), path)
     else:
-        path = _write_fair_esm2(tmp_path / "m.pt")
+        path = write_fair_esm2(tmp_path / "m.pt")
     plain = pp.quantize(load_model(path).model, recipe, calibration=SEQS, batch_size=1, inplace=True)
     mapped = pp.quantize(load_model(path, mmap=True).model, recipe, calibration=SEQS, batch_size=1, inplace=True)
     a, b = _tensors(plain), _tensors(mapped)

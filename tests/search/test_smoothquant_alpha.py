@@ -4,6 +4,7 @@ import dataclasses
 import json
 
 import pytest
+from tiny_fixtures import write_fair_esm2
 
 import ptq_protein as pp
 from ptq_protein.cli.main import main
@@ -76,27 +77,10 @@ def test_cli_auto_alpha_is_recorded_in_the_summary_and_the_artifact(tmp_path, ca
     assert (smoothing is None) if search["chosen"] is None else smoothing.alpha == search["chosen"]
 
 
-def _fair_esm_file(path):
-    """The tiny ESM-2 as a fair-esm .pt file: its family, hence --bits' recipe, is known only once loaded."""
-    import argparse
-
-    import torch
-
-    from ptq_protein.models.tiny import build_tiny
-
-    model, _, _ = build_tiny("tiny-esm2", seed=0)
-    body = {("encoder." if k.startswith(("lm_head.", "contact_head.")) else "encoder.sentence_encoder.") + k: v
-            for k, v in model.state_dict().items()}
-    cfg = argparse.Namespace(encoder_layers=model.num_layers, encoder_embed_dim=model.embed_dim,
-                             encoder_attention_heads=model.attention_heads, token_dropout=model.token_dropout)
-    torch.save({"model": body, "cfg": {"model": cfg}}, path)
-    return path
-
-
 def test_alpha_with_the_default_recipe_of_a_file_waits_for_its_family(tmp_path, capsys):
     """ESM-2's default (with SmoothQuant) takes --smoothquant-alpha from a .pt file too; a recipe without SmoothQuant
     still refuses it in one line, before calibrating anything."""
-    path = _fair_esm_file(tmp_path / "esm2_t6_8M_UR50D.pt")
+    path = write_fair_esm2(tmp_path / "esm2_t6_8M_UR50D.pt")
     common = ["quantize", str(path), "--calib", "casp14:2", "--check", "0", "--compare", "none", "--quiet"]
     assert main(common + ["--smoothquant-alpha", "0.4", "--out", str(tmp_path / "a")]) == 0, capsys.readouterr().err
     config = pp.load(tmp_path / "a").ptq_state.config
