@@ -49,11 +49,12 @@ def memory_mode(args: argparse.Namespace, budget, recipe: str) -> Optional[str]:
     if refusal is None and args.preset is None:  # --bits' recipe for what a streamed file holds: an ESM-2
         recipe = preset_for_bits(args.bits if args.bits is not None else 8, "fair-esm")
     streamed = recipe
-    if refusal is None and _recipe_refusal(recipe) is not None:
+    own = None if refusal is not None else _recipe_refusal(recipe)
+    if own is not None:
         if args.preset is None and getattr(args, "smoothquant_alpha", None) is None:
             streamed = STREAMED_DEFAULT
         else:
-            refusal = _recipe_refusal(recipe)
+            refusal = own
     if args.low_memory and refusal is not None:
         raise ValueError(f"--low-memory does not apply here: {refusal}; drop --low-memory")
     crop = args.calib_max_length if args.calib_max_length is not None else CPU_CALIB_MAX_LENGTH

@@ -12,7 +12,7 @@ __all__ = ["summary_of", "print_summary"]
 
 
 def summary_of(qmodel, out: Path, recipe: str, model_name: str) -> dict:
-    from ptq_protein.recipes.presets import lm_point
+    from ptq_protein.recipes.presets import LM_FAMILIES, lm_point
 
     state = qmodel.ptq_state
     kinds: dict = {}
@@ -23,14 +23,13 @@ def summary_of(qmodel, out: Path, recipe: str, model_name: str) -> dict:
             "sites_quantized": len(state.quantized), "by_kind": kinds, "fp_sites": len(state.fp_sites),
             "calibration": None if state.calibration is None else state.calibration.to_dict(),
             "artifact_bytes": size, "family": state.family, "trunk_dtype": state.config.trunk_dtype,
-            "lm_point": (lm_point(state.config) or "neither") if state.family in _FUSED_LM_FAMILIES else None}
+            "lm_point": (lm_point(state.config) or "neither") if state.family in LM_FAMILIES else None}
 
 
-_FUSED_LM_FAMILIES = ("fair-esm", "hf-esm")  # ESM-2 language models: the fused integer layer runs them
 _POINTS = {"fast": "the fast point (every quantized Linear one integer GEMM)",
            "accurate": "the accurate point (integer GEMMs, the sites where outliers cost most in floating point)",
            "neither": "on neither point (not one integer GEMM per quantized Linear)"}
-_SLOW_ON_CPU = ("w8a8-pwlq",)  # the default recipe: measured 1.0-1.1x FP32 on CPU (BENCHMARKS.md)
+_SLOW_ON_CPU = ("w8a8-pwlq",)  # the study's kind of recipe, ours: measured 1.0-1.1x FP32 on CPU (BENCHMARKS.md)
 
 
 def print_summary(summary: dict, demo: bool) -> None:
@@ -46,7 +45,7 @@ def print_summary(summary: dict, demo: bool) -> None:
     print(f"artifact: {summary['artifact']} ({summary['artifact_bytes'] / 1e6:.2f} MB)")
     if summary.get("lm_point"):
         print(f"embeddings on a CPU: {_POINTS[summary['lm_point']]} ('ptq-protein presets' marks every recipe)")
-    if summary.get("family") in _FUSED_LM_FAMILIES and summary["recipe"] in _SLOW_ON_CPU:
+    if summary.get("lm_point") and summary["recipe"] in _SLOW_ON_CPU:
         print(f"speed: on CPU, {summary['recipe']} runs about as fast as the FP model (its outlier pieces take a "
               "float product); for embed and score, --preset w8a8-smoothquant runs the fused integer layer, 2-3x "
               "FP32 (docs/int8.md); --compare w8a8-smoothquant shows its error here")

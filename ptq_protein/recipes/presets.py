@@ -20,7 +20,7 @@ from ptq_protein.recipes import baselines, ours, study
 from ptq_protein.recipes.config import Granularity, QuantConfig, Scheme
 
 __all__ = ["PRESETS", "PRESET_DOCS", "PRESET_GROUPS", "PresetLine", "preset_lines", "lm_point", "get_preset",
-           "LM_DEFAULT", "resolve_config", "preset_for_bits"]
+           "LM_DEFAULT", "LM_FAMILIES", "resolve_config", "preset_for_bits"]
 
 _FAMILIES = (ours, baselines, study)
 
@@ -87,7 +87,8 @@ def get_preset(name: str) -> QuantConfig:
 
 #: ``--bits 8`` on an ESM-2 language model (fair-esm or transformers): the accurate point of its CPU embeddings.
 LM_DEFAULT = "w8a8-smoothquant-gptq-pertoken"
-_LM_FAMILIES = ("fair-esm", "hf-esm")
+#: The model families that are ESM-2 language models (their fused integer layer embeds).
+LM_FAMILIES = ("fair-esm", "hf-esm")
 
 
 def preset_for_bits(bits: int, family: Optional[str] = None) -> str:
@@ -103,7 +104,7 @@ def preset_for_bits(bits: int, family: Optional[str] = None) -> str:
     if bits == 8:
         if family == "hf-esmfold":
             return "bf16-trunk"
-        return LM_DEFAULT if family in _LM_FAMILIES else "w8a8-pwlq"
+        return LM_DEFAULT if family in LM_FAMILIES else "w8a8-pwlq"
     if bits == 6:
         return "w6a6-pwlq"
     if bits == 4:
