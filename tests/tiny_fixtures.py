@@ -68,3 +68,22 @@ def write_fair_esm2(path, seed=0):
                              encoder_attention_heads=model.attention_heads, token_dropout=model.token_dropout)
     torch.save({"model": body, "cfg": {"model": cfg}}, path)
     return path
+
+
+def write_fair_esmfold(model, path, with_stem=True):
+    """Save a transformers ESMFold as a fair-esm ``esmfold_3B_v1.pt``-style file (fair-esm names)."""
+    import types
+
+    import torch
+
+    from ptq_protein.models.esmfold_convert import hf_esmfold_to_fair
+
+    state = dict(hf_esmfold_to_fair(model.state_dict()).state_dict)
+    if with_stem:  # fair-esm's stem carries its own LM head, which ESMFold does not use
+        state["esm.lm_head.bias"] = torch.zeros(33)
+    else:
+        state = {k: v for k, v in state.items() if not k.startswith("esm.")}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # SimpleNamespace stands for omegaconf's DictConfig: a class torch's weights-only loader rejects
+    torch.save({"model": state, "cfg": {"model": types.SimpleNamespace(trunk={"num_blocks": 2})}}, path)
+    return path

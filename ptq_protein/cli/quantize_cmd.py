@@ -75,14 +75,15 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _recipe_name(args: argparse.Namespace) -> str:
+def _recipe_name(args: argparse.Namespace, family: Optional[str]) -> str:
+    """--preset, else --bits' recipe for ``family`` (:func:`_family_hint`), validated before any load."""
     from ptq_protein.recipes.presets import get_preset, preset_for_bits
 
     if args.preset is not None and not args.preset.strip():
         raise ValueError("--preset '' names no recipe; give a preset name ('ptq-protein presets' lists them) "
                          "or omit it")
     name = args.preset if args.preset is not None else \
-        preset_for_bits(args.bits if args.bits is not None else 8, _family_hint(args))
+        preset_for_bits(args.bits if args.bits is not None else 8, family)
     from ptq_protein.artifact.save_load import check_saveable
 
     check_saveable(get_preset(name))  # validate early, before any model is loaded or calibrated
@@ -96,9 +97,10 @@ def run(args: argparse.Namespace) -> int:
     from ptq_protein.workflows.shared_calibration import calibrate_recipes
 
     budget = auto_budget(args)  # a bad budget fails before any model is loaded
-    recipe = "auto" if budget is not None else _recipe_name(args)
-    # A .pt file's family (so --bits' recipe) is known after loading: its check waits for it (_family_default)
-    decided = args.preset is not None or args.bits not in (None, 8) or _family_hint(args) is not None
+    family = _family_hint(args)
+    recipe = "auto" if budget is not None else _recipe_name(args, family)
+    # Where the family is not known before loading, --bits' recipe is decided after it (_family_default)
+    decided = args.preset is not None or args.bits not in (None, 8) or family is not None
     alpha = _smoothquant_alpha(args, recipe, decided=decided)
     if args.check < 0:
         raise ValueError(f"--check {args.check} must be 0 (skip) or a number of sequences")
@@ -106,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     out = args.out if args.out is not None else f"runs/{Path(args.model).name}-{recipe}"
     check_artifact_out(out, force=args.force)  # before calibration: refused in words, not after minutes
     out = Path(out)
-    streamed = memory_mode(args, budget, recipe)
+    streamed = memory_mode(args, budget, recipe, family)
     if streamed is not None:
         recipe = streamed
         out = out if args.out is not None else Path(f"runs/{Path(args.model).name}-{recipe}")

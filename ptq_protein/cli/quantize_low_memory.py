@@ -31,8 +31,10 @@ def quantize_low_memory(args: argparse.Namespace, recipe: str):
     return qmodel, (None if chosen is None else (chosen, refs))
 
 
-def memory_mode(args: argparse.Namespace, budget, recipe: str) -> Optional[str]:
+def memory_mode(args: argparse.Namespace, budget, recipe: str, family: Optional[str]) -> Optional[str]:
     """The recipe to stream layer by layer with (``--low-memory``, or needed to fit); None: the default mode.
+
+    ``recipe``: the default mode's, for the model's ``family`` where known before loading (a ``.pt`` file's is).
 
     A default recipe (no ``--preset``) that changes the model before calibrating it streams
     :data:`STREAMED_DEFAULT` instead, said in one line. Refuses, before loading, a run that cannot fit, and
@@ -41,13 +43,11 @@ def memory_mode(args: argparse.Namespace, budget, recipe: str) -> Optional[str]:
     from ptq_protein.api import resolve_calibration
     from ptq_protein.models.adapters import ModelAdapter
     from ptq_protein.models.loading import locate_weights
-    from ptq_protein.recipes.presets import get_preset, preset_for_bits
+    from ptq_protein.recipes.presets import get_preset
     from ptq_protein.workflows.memory_budget import choose_low_memory
 
     path = locate_weights(args.model, args.weights)
-    refusal = stream_refusal(args, budget, path)
-    if refusal is None and args.preset is None:  # --bits' recipe for what a streamed file holds: an ESM-2
-        recipe = preset_for_bits(args.bits if args.bits is not None else 8, "fair-esm")
+    refusal = stream_refusal(args, budget, path, family)
     streamed = recipe
     own = None if refusal is not None else _recipe_refusal(recipe)
     if own is not None:
@@ -83,8 +83,9 @@ def _recipe_refusal(recipe: str) -> Optional[str]:
     return None if why is None else f"recipe {recipe} cannot stream ({why})"
 
 
-def stream_refusal(args: argparse.Namespace, budget, path: Optional[Path]) -> Optional[str]:
-    """Why this run cannot stream layer by layer (None: it can); ``path`` is the weights located for it."""
+def stream_refusal(args: argparse.Namespace, budget, path: Optional[Path], family: Optional[str]) -> Optional[str]:
+    """Why this run cannot stream layer by layer (None: it can); ``path`` is the weights located for it, ``family``
+    what they hold where known before loading."""
     from ptq_protein.cli.common import resolve_device
 
     if budget is not None:
@@ -93,6 +94,9 @@ def stream_refusal(args: argparse.Namespace, budget, path: Optional[Path]) -> Op
             or (args.dtype or "float32") != "float32"):
         return ("streaming reads fair-esm ESM-2 .pt files on the CPU in float32 (not tiny models, Hugging Face "
                 "folders, other devices or dtypes)")
+    if family != "fair-esm":
+        held = {"hf-esmfold": "an ESMFold", "esmc": "an ESM C model"}.get(family, "no ESM-2 this toolkit reads")
+        return f"streaming reads fair-esm ESM-2 .pt files, and {path.name} holds {held}"
     if args.backend != "fake":
         return "streaming writes backend 'fake' artifacts (drop --backend)"
     if args.compare is not None and args.compare.strip().lower() != "none":

@@ -124,12 +124,14 @@ def _plain(obj: Any, seen: set) -> Any:
     return obj
 
 
-def load_torch_checkpoint(path: Union[str, os.PathLike], *, allow_pickle: bool = False, mmap: bool = False) -> Any:
+def load_torch_checkpoint(path: Union[str, os.PathLike], *, allow_pickle: bool = False, mmap: bool = False,
+                          quiet: bool = False) -> Any:
     """Load a ``.pt`` file onto the CPU as safely as its contents allow (see the module docstring).
 
     ``mmap=True`` maps the file instead of reading it (zip-format files, i.e.
     every file torch >= 1.6 writes): tensors are read from disk as they are
     touched, so a caller can hold a whole checkpoint while using a layer of it.
+    ``quiet``: no note of inert placeholders (a peek before the load that says it).
 
     Raises
     ------
@@ -164,8 +166,9 @@ def load_torch_checkpoint(path: Union[str, os.PathLike], *, allow_pickle: bool =
             raise InputError(f"checkpoint {path} is a plain pickle, not a PyTorch file (torch.save writes a zip "
                              "archive); refused, nothing in it was run: save the weights with torch.save") from e
         raise _corrupt(path, e, first_error) from e
-    logger.info("%s holds non-tensor objects %s; they were kept as inert placeholders, not executed",
-                path, sorted(unpickler.replaced))
+    if not quiet:
+        logger.info("%s holds non-tensor objects %s; they were kept as inert placeholders, not executed",
+                    path, sorted(unpickler.replaced))
     return data
 
 
