@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import enum
 import json
 import logging
 import os
@@ -43,9 +42,10 @@ from ptq_protein.data.fasta import ESM2_MAX_RESIDUES, ESM_AMINO_ACIDS, validate_
 from ptq_protein.models import resolve
 from ptq_protein.models.checkpoints import file_sha256, load_torch_checkpoint, split_state
 from ptq_protein.models.declared import check_name_fits
-from ptq_protein.models.esmc_load import is_esmc_state, load_esmc, refuse_partial_esmc
+from ptq_protein.models.esmc_load import load_esmc, refuse_partial_esmc
 from ptq_protein.models.esmfold_convert import load_fair_esmfold
 from ptq_protein.models.fair_esm2 import load_fair_esm2
+from ptq_protein.models.families import ModelFamily, file_family
 from ptq_protein.models.finite import check_finite_weights
 from ptq_protein.models.hf_folder import folder_sha256, own_loader_artifact, read_hf_folder
 from ptq_protein.models.mapped import attach_mapping, mapped_file_of
@@ -67,15 +67,6 @@ logger = logging.getLogger(__name__)
 
 _TINY_SEED = re.compile(r"(?P<name>[\w-]+)@(?P<seed>\d+)")
 # besides the weights, what an HF folder's load reads (EsmTokenizer.from_pretrained reads the last four)
-
-
-class ModelFamily(str, enum.Enum):
-    """Which library and head a loaded model is."""
-
-    FAIR_ESM = "fair-esm"  # esm.model.esm2.ESM2 (or ESM-1b/1v ProteinBertModel)
-    HF_ESM = "hf-esm"  # transformers EsmForMaskedLM
-    HF_ESMFOLD = "hf-esmfold"  # transformers EsmForProteinFolding
-    ESMC = "esmc"  # ptq_protein.models.esmc.ESMC (EvolutionaryScale's ESM C, the official weights)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -251,18 +242,8 @@ def family_before_loading(name_or_path: Union[str, os.PathLike],
             data = load_torch_checkpoint(path, mmap=True, quiet=True)
         except (InputError, OSError, RuntimeError, ValueError):
             return None  # the load refuses it in words (or reads it with allow_pickle)
-        return _file_family(data).value
+        return file_family(data).value
     return None
-
-
-def _file_family(data: Any) -> ModelFamily:
-    """What an unpickled ``.pt`` file holds: ESM C's state, ESMFold's (a folding trunk), else an ESM-2 (whose
-    load refuses, in words, a file that is none of them)."""
-    if is_esmc_state(data):
-        return ModelFamily.ESMC
-    state = data.get("model") if isinstance(data, dict) else None
-    folding = isinstance(state, dict) and any(str(k).startswith("trunk.") for k in state)
-    return ModelFamily.HF_ESMFOLD if folding else ModelFamily.FAIR_ESM
 
 
 def _locate(name: str, weights: Optional[Union[str, os.PathLike]]) -> Path:
@@ -353,7 +334,7 @@ def _read_file(name: str, path: Path, config, allow_pickle: bool, hash_weights: 
         model, _ = load_fair_esmfold(path, config=config, allow_pickle=allow_pickle, mmap=mmap)
         return LoadedModel(model, esmfold_tokenizer(), ModelFamily.HF_ESMFOLD, label, str(path), digest, None)
     data = load_torch_checkpoint(path, allow_pickle=allow_pickle, mmap=mmap)
-    family = _file_family(data)
+    family = file_family(data)
     if family is ModelFamily.ESMC:
         model = load_esmc(data, str(path))
         if mmap:
