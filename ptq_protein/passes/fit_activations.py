@@ -37,7 +37,7 @@ def fit_activation_quantizers(cfg: QuantConfig, act_sites: Sequence[Site], to_ca
     for site in act_sites:
         if site.kind is SiteKind.MATMUL:
             subs = {k: st for k, st in stats.items() if k.startswith(f"{site.name}@") and st.count}
-            quants.update({k: activation_quantizer(cfg.activations, st) for k, st in subs.items()})
+            quants.update({k: activation_quantizer(cfg.activation_for(site.name), st) for k, st in subs.items()})
             if not subs:
                 fp_sites.append(site.name)
             continue
@@ -45,7 +45,7 @@ def fit_activation_quantizers(cfg: QuantConfig, act_sites: Sequence[Site], to_ca
         if site in to_calibrate and (site_stats is None or site_stats.count == 0):
             fp_sites.append(site.name)
             continue
-        quants[site.name] = activation_quantizer(cfg.activations, site_stats)
+        quants[site.name] = activation_quantizer(cfg.activation_for(site.name), site_stats)
     if fp_sites:
         log.warning("%d site(s) never saw a residue during calibration and stay in floating point: %s",
                     len(fp_sites), ", ".join(fp_sites[:5]) + (" ..." if len(fp_sites) > 5 else ""))

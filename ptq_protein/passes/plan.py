@@ -78,7 +78,7 @@ def plan_calibration(cfg: QuantConfig, passes: Sequence[Pass], sites: Sequence[S
     if any(n.study_observers for n in needs):
         study = StudyWatch(tuple(sites), cfg.activations.topk, cfg.study.calls)
     readers_first = sorted((n for n in needs if n.sequences), key=lambda n: not (n.statistics or n.study_observers))
-    plan = CalibrationPlan(cfg.name, tuple(sites), static, specs={s.name: cfg.activations for s in static},
+    plan = CalibrationPlan(cfg.name, tuple(sites), static, specs={s.name: cfg.activation_for(s.name) for s in static},
                            include_special=cfg.special_tokens is SpecialTokens.INCLUDE, study=study,
                            why=" and ".join(n.sequences for n in readers_first),
                            own_pass=MODEL_CHANGES_FIRST if any(n.changes_model for n in needs) else None)
@@ -95,7 +95,7 @@ def static_sites(chosen: Sequence[Site], cfg: QuantConfig) -> List[Site]:
     if cfg.activations is None:
         return []
     # MATMUL sub-sites (operands of each product) are discovered by calibration, so they always calibrate.
-    return [s for s in chosen if needs_calibration(cfg.activations) or s.kind is SiteKind.MATMUL]
+    return [s for s in chosen if needs_calibration(cfg.activation_for(s.name)) or s.kind is SiteKind.MATMUL]
 
 
 def study_can_ride(model: nn.Module, adapter, batch_size: Optional[int]) -> bool:

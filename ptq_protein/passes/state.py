@@ -85,7 +85,7 @@ class CalibrationPass:
             have = self.specs.get(site.name)
             if have is None:
                 return f"site {site.name} was not calibrated in this pass"
-            if not StatsNeeds.of(cfg.activations).covered_by(StatsNeeds.of(have)):
+            if not StatsNeeds.of(cfg.activation_for(site.name)).covered_by(StatsNeeds.of(have)):
                 return f"site {site.name}: its statistics were collected for another range ({have.describe()})"
         return None
 

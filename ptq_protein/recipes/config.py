@@ -10,9 +10,22 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import fnmatch
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
+from ptq_protein.recipes.choices import (
+    Backend,
+    BreakpointMethod,
+    Engine,
+    FP8Format,
+    Granularity,
+    RangeMethod,
+    Scheme,
+    SiteKind,
+    SpecialTokens,
+    as_choice,
+)
 from ptq_protein.recipes.method_config import (
     GPTQSpec,
     SmoothQuantSpec,
@@ -22,108 +35,12 @@ from ptq_protein.recipes.method_config import (
 )
 from ptq_protein.recipes.method_config import from_known_fields as _from_dict
 
-__all__ = ["Scheme", "Granularity", "RangeMethod", "BreakpointMethod", "SiteKind", "Backend", "FP8Format",
+__all__ = ["Scheme", "Granularity", "RangeMethod", "BreakpointMethod", "SiteKind", "Backend", "Engine", "FP8Format",
            "SpecialTokens", "TensorQuant", "SmoothQuantSpec", "GPTQSpec", "StudyOptions", "QuantConfig",
            "CONFIG_VERSION"]
 
 CONFIG_VERSION = 1
 MIN_BITS, MAX_BITS = 2, 16
-
-
-class Scheme(str, enum.Enum):
-    """How values map to codes."""
-
-    UNIFORM = "uniform"
-    PWLQ = "pwlq"  # piecewise-linear (Fang et al. 2020)
-    FP8 = "fp8"  # scaled 8-bit floating point (Micikevicius et al. 2022), format in TensorQuant.fp8_format
-    # The PTQ4Protein study's quantizers, bit for bit (ptq_protein.quant.study); only in study-* recipes.
-    STUDY_UNIFORM = "study_uniform"  # per tensor: signed [-2^(b-1), 2^(b-1)-1] x 2M/(2^b-1), or unsigned when min >= 0
-    STUDY_PWLQ = "study_pwlq"  # pwlq-3: static M, per-call breakpoint, b-bit centre + b-bit [-M, M] tail (b+1 bits)
-
-
-class FP8Format(str, enum.Enum):
-    """Which 8-bit float: E4M3 (more precision, max 448) or E5M2 (more range, max 57344)."""
-
-    E4M3 = "e4m3"
-    E5M2 = "e5m2"
-
-
-class Granularity(str, enum.Enum):
-    """Which values share one set of quantization parameters."""
-
-    PER_TENSOR = "per_tensor"
-    PER_CHANNEL = "per_channel"  # weights: per output channel; activations: per last-dim channel
-    PER_TOKEN = "per_token"  # activations only, always dynamic
-
-
-class RangeMethod(str, enum.Enum):
-    """How a calibrated activation range is chosen from the observed statistics."""
-
-    MINMAX = "minmax"
-    # Ours: the k-th most extreme residue value (padding and BOS/EOS masked out) of a sample of at
-    # most 2^16 values per calibration batch, median over batches. Not the study's statistic.
-    TOPK = "topk"
-    # The study's: per call (whole tensor, BOS/EOS included, batch 1, first 50 calls only) the lower
-    # median of the k most extreme values, mean over calls (ptq_protein.quant.study_observer).
-    STUDY_TOPK = "study_topk"
-    PERCENTILE = "percentile"
-    MSE = "mse"  # clipping range minimising the expected squared error on the histogram
-
-
-class BreakpointMethod(str, enum.Enum):
-    """How PWLQ breakpoints are chosen."""
-
-    GAUSSIAN = "gaussian"  # optimality condition for a Gaussian, solved numerically
-    LAPLACIAN = "laplacian"
-    GAUSSIAN_FIT = "gaussian_fit"  # the paper's closed-form fit
-    LAPLACIAN_FIT = "laplacian_fit"
-    MSE = "mse"  # distribution-free search on the calibration histogram
-    MSE_SHARED_STEP = "mse_shared_step"  # MSE, then both centre pieces on one step (one integer GEMM for the centre)
-
-
-class SiteKind(str, enum.Enum):
-    """Where quantization can happen."""
-
-    LINEAR = "linear"  # nn.Linear (and subclasses): weight and/or input
-    LAYERNORM = "layernorm"  # the input of a LayerNorm (the residual stream: large one-sided outliers)
-    MATMUL = "matmul"  # operands of attention score/probability matmuls and triangle einsums
-    SOFTMAX = "softmax"  # the input of an nn.Softmax module (ESMFold: the IPA logits); study-* recipes only
-
-
-class Backend(str, enum.Enum):
-    """How quantized modules execute."""
-
-    FAKE = "fake"  # simulate: quantize then dequantize, float math
-    INT8 = "int8"  # integer GEMMs (Triton on CUDA; oneDNN on CPU, or the exact torch reference)
-
-
-class Engine(str, enum.Enum):
-    """Which integer GEMM ``backend="int8"`` runs (a run-time choice, not part of a recipe)."""
-
-    AUTO = "auto"  # oneDNN for CPU sites it handles, else the reference
-    ONEDNN = "onednn"  # the CPU fast path (ptq_protein.nn.cpu_int8)
-    REFERENCE = "reference"  # the exact torch integer reference (Triton kernels on CUDA)
-
-
-class SpecialTokens(str, enum.Enum):
-    """What happens to the language model's BOS/EOS (CLS/EOS) positions at activation sites.
-
-    They are computed like residues but carry the largest activations of ESM
-    models (tens of times the residues' range), so a range fitted to residues
-    clips them. Padding is never calibrated on, whatever the choice.
-    """
-
-    FLOAT = "float"  # calibrate on residues; at run time BOS/EOS rows bypass the quantizer (token-wise FP)
-    INCLUDE = "include"  # calibrate on residues and BOS/EOS; one quantizer for every row
-    CLIP = "clip"  # calibrate on residues; BOS/EOS quantized with that range (clipped): the old behaviour
-
-
-def _enum(cls, value):
-    try:
-        return value if isinstance(value, cls) else cls(value)
-    except ValueError as err:
-        choices = ", ".join(m.value for m in cls)
-        raise ValueError(f"unknown {cls.__name__} {value!r}; choose one of: {choices}") from err
 
 
 @dataclass(frozen=True)
@@ -153,7 +70,7 @@ class TensorQuant:
     def __post_init__(self) -> None:
         for name, cls in (("scheme", Scheme), ("granularity", Granularity), ("range_method", RangeMethod),
                           ("breakpoint_method", BreakpointMethod), ("fp8_format", FP8Format)):
-            object.__setattr__(self, name, _enum(cls, getattr(self, name)))
+            object.__setattr__(self, name, as_choice(cls, getattr(self, name)))
         if isinstance(self.bits, bool) or not isinstance(self.bits, int):
             raise TypeError(f"bits must be an integer, got {self.bits!r}")
         if not MIN_BITS <= self.bits <= MAX_BITS:
@@ -182,6 +99,36 @@ class TensorQuant:
     @property
     def is_study(self) -> bool:
         return self.scheme in _STUDY_SCHEMES
+
+    def _check_activations_at(self) -> None:
+        pairs = []
+        for pair in self.activations_at:
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not isinstance(pair[0], str):
+                raise TypeError("activations_at holds (glob, TensorQuant) pairs, e.g. "
+                                "(('*.fc1', TensorQuant(bits=8, granularity='per_token', dynamic=True)),)")
+            glob, spec = pair
+            spec = TensorQuant.from_dict(spec) if isinstance(spec, dict) else spec
+            if not isinstance(spec, TensorQuant):
+                raise TypeError(f"activations_at[{glob!r}] must be a TensorQuant or a dict, got {type(spec).__name__}")
+            pairs.append((glob, spec))
+        object.__setattr__(self, "activations_at", tuple(pairs))
+        if pairs and (self.activations is None or self.study is not None):
+            raise ValueError("activations_at changes the quantizer of some activation sites: it needs activations= "
+                             "for the others, and no study= (the study quantizes every site alike)")
+
+    def _specs(self):
+        """(label, spec) of every quantizer spec this config names."""
+        named = [("weights", self.weights), ("activations", self.activations)]
+        named += [(f"activations_at[{glob!r}]", spec) for glob, spec in self.activations_at]
+        return [(label, spec) for label, spec in named if spec is not None]
+
+    def activation_for(self, site: str) -> Optional[TensorQuant]:
+        """The activation quantizer of the site named ``site`` (``activations_at``'s first matching glob, else
+        ``activations``)."""
+        for glob, spec in self.activations_at:
+            if fnmatch.fnmatchcase(site, glob):
+                return spec
+        return self.activations
 
     def _check_study(self) -> None:
         if (self.range_method is RangeMethod.STUDY_TOPK) and not self.is_study:
@@ -241,6 +188,9 @@ class QuantConfig:
     `trunk_dtype="bfloat16"` holds the Linear weights of ESMFold's trunk pair operations in bfloat16 and runs
     their products in it (`ptq_protein.nn.trunk_dtype`); None keeps the trunk in the model's dtype.
     `rotate_ffn=b` (0: off) rotates ESM C's SwiGLU products by Hadamard blocks of `b` channels first.
+    `activations_at` holds `(glob, TensorQuant)` pairs: an activation site whose module name matches a glob takes
+    that quantizer instead of `activations` (the first match wins), e.g. dynamic per-token rows where LayerNorm
+    outputs enter and static per-tensor ranges elsewhere (:meth:`activation_for`).
     """
 
     weights: Optional[TensorQuant] = TensorQuant(bits=8, granularity=Granularity.PER_CHANNEL)
@@ -259,12 +209,13 @@ class QuantConfig:
     pair_bits: Optional[int] = None
     trunk_dtype: Optional[str] = None
     rotate_ffn: int = 0
+    activations_at: Tuple[Tuple[str, TensorQuant], ...] = ()
     version: int = CONFIG_VERSION
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "kinds", tuple(_enum(SiteKind, k) for k in self.kinds))
-        object.__setattr__(self, "backend", _enum(Backend, self.backend))
-        object.__setattr__(self, "special_tokens", _enum(SpecialTokens, self.special_tokens))
+        object.__setattr__(self, "kinds", tuple(as_choice(SiteKind, k) for k in self.kinds))
+        object.__setattr__(self, "backend", as_choice(Backend, self.backend))
+        object.__setattr__(self, "special_tokens", as_choice(SpecialTokens, self.special_tokens))
         for name in ("include", "exclude"):
             value = getattr(self, name)
             if isinstance(value, str):
@@ -293,10 +244,10 @@ class QuantConfig:
         if self.weights is not None and (self.weights.dynamic or self.weights.granularity is Granularity.PER_TOKEN):
             raise ValueError("weights are quantized once from their own values: use per_tensor or per_channel, not "
                              "dynamic/per_token")
-        fp8 = [n for n in ("weights", "activations") if getattr(self, n) is not None
-               and getattr(self, n).scheme is Scheme.FP8]
-        acts = self.activations
-        if self.backend is Backend.INT8 and acts is not None and acts.granularity is Granularity.PER_CHANNEL:
+        self._check_activations_at()
+        fp8 = [n for n, spec in self._specs() if spec.scheme is Scheme.FP8]
+        if self.backend is Backend.INT8 and any(spec.granularity is Granularity.PER_CHANNEL
+                                                for n, spec in self._specs() if n != "weights"):
             raise ValueError("backend 'int8' cannot run per-channel activation scales (a scale along the summed "
                              "dimension does not factor out of an integer GEMM); use backend='fake', or per_tensor / "
                              "per_token activations")
@@ -310,6 +261,36 @@ class QuantConfig:
         if self.version != CONFIG_VERSION:
             raise ValueError(f"config version {self.version} is not supported (this is version {CONFIG_VERSION}); "
                              "re-quantize with this release")
+
+    def _check_activations_at(self) -> None:
+        pairs = []
+        for pair in self.activations_at:
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not isinstance(pair[0], str):
+                raise TypeError("activations_at holds (glob, TensorQuant) pairs, e.g. "
+                                "(('*.fc1', TensorQuant(bits=8, granularity='per_token', dynamic=True)),)")
+            glob, spec = pair
+            spec = TensorQuant.from_dict(spec) if isinstance(spec, dict) else spec
+            if not isinstance(spec, TensorQuant):
+                raise TypeError(f"activations_at[{glob!r}] must be a TensorQuant or a dict, got {type(spec).__name__}")
+            pairs.append((glob, spec))
+        object.__setattr__(self, "activations_at", tuple(pairs))
+        if pairs and (self.activations is None or self.study is not None):
+            raise ValueError("activations_at changes the quantizer of some activation sites: it needs activations= "
+                             "for the others, and no study= (the study quantizes every site alike)")
+
+    def _specs(self):
+        """(label, spec) of every quantizer spec this config names."""
+        named = [("weights", self.weights), ("activations", self.activations)]
+        named += [(f"activations_at[{glob!r}]", spec) for glob, spec in self.activations_at]
+        return [(label, spec) for label, spec in named if spec is not None]
+
+    def activation_for(self, site: str) -> Optional[TensorQuant]:
+        """The activation quantizer of the site named ``site`` (``activations_at``'s first matching glob, else
+        ``activations``)."""
+        for glob, spec in self.activations_at:
+            if fnmatch.fnmatchcase(site, glob):
+                return spec
+        return self.activations
 
     def _check_study(self) -> None:
         if isinstance(self.study, dict):
@@ -335,8 +316,8 @@ class QuantConfig:
         """backend 'int8' runs integer GEMMs on codes of at most 8 bits and uniform weights: refused when built."""
         if self.backend is not Backend.INT8:
             return
-        for label, spec in (("weights", self.weights), ("activations", self.activations)):
-            if spec is not None and spec.bits > 8:
+        for label, spec in self._specs():
+            if spec.bits > 8:
                 raise ValueError(f"backend 'int8' runs at most 8-bit codes but {label} are {spec.bits}-bit; "
                                  "use backend='fake'")
         if self.weights is not None and self.weights.scheme is not Scheme.UNIFORM:
@@ -364,6 +345,8 @@ class QuantConfig:
             **({} if self.pair_bits is None else {"pair_bits": self.pair_bits}),  # absent: float pairs, as before
             **({} if self.trunk_dtype is None else {"trunk_dtype": self.trunk_dtype}),  # absent: as before
             **({"rotate_ffn": self.rotate_ffn} if self.rotate_ffn else {}),  # absent: no rotation, as before
+            **({"activations_at": [[glob, spec.to_dict()] for glob, spec in self.activations_at]}
+               if self.activations_at else {}),  # absent: one quantizer for every site, as before
         }
 
     @classmethod
@@ -376,9 +359,9 @@ class QuantConfig:
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown config fields {sorted(unknown)}; known: {sorted(known)}")
-        for key in ("kinds", "include", "exclude"):
-            if key in data:
-                data[key] = tuple(data[key])
+        for key in ("kinds", "include", "exclude", "activations_at"):
+            if key in data and isinstance(data[key], list):
+                data[key] = tuple(tuple(v) if isinstance(v, list) else v for v in data[key])
         if data.get("groups") is not None:
             data["groups"] = tuple(data["groups"])
         return cls(**data)
@@ -387,6 +370,10 @@ class QuantConfig:
         w = "FP" if self.weights is None else self.weights.describe()
         w += " (GPTQ)" if self.gptq is not None else ""
         a = "FP" if self.activations is None else self.activations.describe()
+        at: Dict[str, list] = {}
+        for glob, spec in self.activations_at:
+            at.setdefault(spec.describe(), []).append(glob)
+        a += "".join(f"; {label} at {', '.join(globs)}" for label, globs in at.items())
         a += f" (SmoothQuant alpha={self.smoothquant.alpha})" if self.smoothquant is not None else ""
         special = f"; BOS/EOS {self.special_tokens.value}" if self.activations is not None else ""
         pair = "" if self.pair_bits is None else f"; pair activations int{self.pair_bits}"

@@ -166,4 +166,4 @@ class Workbench:
     def recipe_specs(self, config: QuantConfig, names: Sequence[str]) -> Dict[str, SiteSpec]:
         """The (weights, activations) that ``config`` gives each of ``names``."""
         kinds = {s.name: s.kind for s in self.sites}
-        return {n: (config.weights if kinds[n] is SiteKind.LINEAR else None, config.activations) for n in names}
+        return {n: (config.weights if kinds[n] is SiteKind.LINEAR else None, config.activation_for(n)) for n in names}
