@@ -27,7 +27,7 @@ EXAMPLES = """examples:
   ptq-protein quantize tiny-esmfold --bits 8                      # the embedded demo, no weights needed
   ptq-protein quantize tiny-esm2 --compare w8a8-uniform,a8-pwlq   # also check other recipes, one calibration pass
   ptq-protein quantize esmfold --bits 8                           # bf16-trunk: the folding trunk's pair operations
-  ptq-protein quantize esm2_t33_650M_UR50D --bits 8               # w8a8-smoothquant-gptq-pertoken on casp14:50
+  ptq-protein quantize esm2_t33_650M_UR50D --bits 8               # w8a8-smoothquant-gptq-lntoken on casp14:50
   ptq-protein quantize esm2_t33_650M_UR50D --preset w4a8-pwlq --calib my.fasta --out runs/650m-w4a8
   ptq-protein quantize tiny-esmfold --auto --budget "tm>=0.99"     # per-layer mixed precision, verified held-out
   ptq-protein quantize tiny-esm2 --auto --budget "logits_rel<=0.02" --unit site
@@ -44,7 +44,7 @@ def register(subparsers) -> None:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--bits", type=int, help="4, 6 or 8: the default piecewise-linear recipe at that "
                                                 "width (default 8; 8 is bf16-trunk on ESMFold, docs/esmfold.md, "
-                                                "and w8a8-smoothquant-gptq-pertoken on ESM-2, docs/embeddings.md)")
+                                                "and w8a8-smoothquant-gptq-lntoken on ESM-2, docs/embeddings.md)")
     group.add_argument("--preset", help="a named recipe (w8a8-pwlq, w8a8-smoothquant, w8a8-rotate, ...; "
                                         "'ptq-protein presets' lists all, one line each)")
     group.add_argument("--auto", action="store_true",

@@ -18,8 +18,9 @@ between the fake and int8 backends. Rows the recipe keeps in float (BOS/EOS) tak
 weights (:func:`ptq_protein.nn.cpu_int8_fused.float_rows`).
 
 It runs where every GEMM site is a static per-tensor (``w8a8-uniform``, ``w8a8-smoothquant``, ``w4a8``...) or a
-dynamic per-token (``w8a8-dynamic``, ``w8a8-smoothquant-gptq-pertoken``) 8-bit uniform one on the oneDNN path, with
-no hooks on the layer's modules (:func:`blocker` says why not otherwise). A per-token site's codes are each row's
+dynamic per-token (``w8a8-dynamic``, ``w8a8-smoothquant-gptq-pertoken``) 8-bit uniform one on the oneDNN path, each
+site its own (``w8a8-smoothquant-gptq-lntoken`` mixes the two in one layer), with no hooks on the layer's modules
+(:func:`blocker` says why not otherwise). A per-token site's codes are each row's
 own (:func:`~ptq_protein.quant.uniform.per_token_qparams`, the module path's rule), its GEMM the module path's call
 and its epilogue the module path's (:func:`~ptq_protein.nn.cpu_int8.per_token_epilogue_`): from equal inputs, equal
 outputs; what the layer saves there is the work between the GEMMs. The architecture code

@@ -46,6 +46,11 @@ _TOKEN_ACTS = TensorQuant(bits=8, scheme=Scheme.UNIFORM, granularity=Granularity
 # layer carried about three quarters of the squared error on the bench's shape, its q and k most). Its FFN in int8
 # too cost 0.84% -> 1.03% there (BENCHMARKS.md) and saves two thirds of the float layer's time.
 FIRST_ATTENTION = ("layers.0.self_attn.*", "*encoder.layer.0.attention.*", "transformer.blocks.0.attn.*")
+# The Linears that read a LayerNorm's output (q, k, v and the FFN's first), by each family's module names: where
+# LayerNorm-gain channels enter a GEMM. Per-token rows there and static ranges at the out-projection and second FFN
+# inputs measured as accurate as per-token rows everywhere, at less of their cost (BENCHMARKS.md).
+LAYERNORM_INPUTS = ("*self_attn.[qkv]_proj", "*.fc1", "*attention.self.*", "*intermediate.dense",
+                    "*attn.layernorm_qkv.1", "*ffn.1")
 
 PRESETS: Dict[str, QuantConfig] = {
     "w8a8-smoothquant": QuantConfig(weights=per_channel_weights(8), activations=_SQ_ACTS, kinds=_LINEAR,
@@ -57,6 +62,11 @@ PRESETS: Dict[str, QuantConfig] = {
                                                   kinds=_LINEAR, smoothquant=SmoothQuantSpec(),
                                                   gptq=GPTQSpec(special_rows=True), exclude=FIRST_ATTENTION,
                                                   name="w8a8-smoothquant-gptq-pertoken"),
+    "w8a8-smoothquant-gptq-lntoken": QuantConfig(weights=per_channel_weights(8), activations=_ASYM_ACTS,
+                                                 activations_at=tuple((glob, _TOKEN_ACTS) for glob in LAYERNORM_INPUTS),
+                                                 kinds=_LINEAR, smoothquant=SmoothQuantSpec(),
+                                                 gptq=GPTQSpec(special_rows=True), exclude=FIRST_ATTENTION,
+                                                 name="w8a8-smoothquant-gptq-lntoken"),
     "w8a8-smoothquant-pwlq": QuantConfig(weights=per_channel_weights(8), activations=pwlq_acts(8), kinds=_LINEAR_LN,
                                          smoothquant=SmoothQuantSpec(), name="w8a8-smoothquant-pwlq"),
     "w4a8-gptq-pwlq": QuantConfig(weights=per_channel_weights(4), activations=pwlq_acts(8), kinds=_LINEAR_LN,
@@ -82,6 +92,9 @@ DOCS: Dict[str, str] = {
     "w8a8-smoothquant-gptq-pertoken": "SmoothQuant (alpha 0.5), then GPTQ W8 per-channel (its Hessian with the "
                                       "BOS/EOS rows) + dynamic per-token asymmetric A8 on Linear inputs; BOS/EOS "
                                       "rows and the first layer's attention Linears in floating point",
+    "w8a8-smoothquant-gptq-lntoken": "w8a8-smoothquant-gptq-pertoken with its per-token rows only where a "
+                                     "LayerNorm's output enters (q, k, v, the first FFN Linear); static per-tensor "
+                                     "asymmetric A8 (min-max) at the out-projection and second FFN inputs",
     "w8a8-smoothquant-pwlq": "SmoothQuant, then w8a8-pwlq on the smoothed model (Linear and LayerNorm inputs)",
     "w4a8-gptq-pwlq": "GPTQ W4 per-channel (act-order, sequential; Frantar et al. 2023) + piecewise-linear A8",
     "w8a8-gptq-pwlq": "GPTQ W8 per-channel + piecewise-linear A8",

@@ -64,11 +64,13 @@ def lm_point(cfg: QuantConfig) -> str:
     piecewise-linear activations (several integer GEMMs per site, about float speed on a CPU), weights only, FP8,
     other widths, the study's reproductions.
     """
-    acts, weights = cfg.activations, cfg.weights
-    if acts is None or weights is None or cfg.study is not None or acts.bits != 8:
+    weights = cfg.weights
+    if cfg.activations is None or weights is None or cfg.study is not None:
         return ""
-    one_gemm = acts.granularity in (Granularity.PER_TENSOR, Granularity.PER_TOKEN)
-    if acts.scheme is Scheme.UNIFORM and one_gemm and weights.scheme is Scheme.UNIFORM and weights.bits <= 8:
+    every = (cfg.activations, *(spec for _, spec in cfg.activations_at))
+    one_gemm = all(a.bits == 8 and a.scheme is Scheme.UNIFORM
+                   and a.granularity in (Granularity.PER_TENSOR, Granularity.PER_TOKEN) for a in every)
+    if one_gemm and weights.scheme is Scheme.UNIFORM and weights.bits <= 8:
         return "accurate" if cfg.exclude else "fast"
     return ""
 
@@ -86,7 +88,7 @@ def get_preset(name: str) -> QuantConfig:
 
 
 #: ``--bits 8`` on an ESM-2 language model (fair-esm or transformers): the accurate point of its CPU embeddings.
-LM_DEFAULT = "w8a8-smoothquant-gptq-pertoken"
+LM_DEFAULT = "w8a8-smoothquant-gptq-lntoken"
 #: The model families that are ESM-2 language models (their fused integer layer embeds).
 LM_FAMILIES = ("fair-esm", "hf-esm")
 

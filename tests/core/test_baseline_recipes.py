@@ -185,3 +185,22 @@ def test_the_pertoken_preset_keeps_the_first_attention_and_special_rows_in_float
                           for a in quants)
     assert all(a.special_tokens is not None for a in quants)  # BOS/EOS rows bypass the quantizer
     assert q.ptq_state.config.gptq.special_rows  # and GPTQ's Hessian counts them: the int8 weights multiply them
+
+
+@pytest.mark.parametrize("fixture", ["esm2", "hf_esm2", "esmc"])
+def test_the_lntoken_preset_rounds_per_token_exactly_where_a_layernorm_output_enters(fixture, request, calib_seqs):
+    """``w8a8-smoothquant-gptq-lntoken``: per-token rows at the Linears that read a LayerNorm's output (the model
+    adapter's LayerNorm -> Linear pairs, which SmoothQuant folds into), static calibrated ranges at every other
+    quantized Linear, the same Linears as ``w8a8-smoothquant-gptq-pertoken``."""
+    from ptq_protein.models.adapters import get_adapter
+
+    model = request.getfixturevalue(fixture)
+    q = pp.quantize(model, "w8a8-smoothquant-gptq-lntoken", calibration=list(calib_seqs[:2]), backend="int8")
+    pertoken = pp.quantize(model, "w8a8-smoothquant-gptq-pertoken", calibration=list(calib_seqs[:2]))
+    swapped = {n: m for n, m in q.named_modules() if isinstance(m, QuantLinear)}
+    assert set(swapped) == {n for n, m in pertoken.named_modules() if isinstance(m, QuantLinear)}
+    after_norm = {lin for _, linears in get_adapter(model).smoothing_pairs(model) for lin in linears}
+    token = {n for n, m in swapped.items() if m.input_quant.spec.granularity.value == "per_token"}
+    assert token == after_norm & set(swapped) and token
+    static = [m.input_quant for n, m in swapped.items() if n not in token]
+    assert static and all(not a.spec.dynamic and a.scale.numel() == 1 for a in static)

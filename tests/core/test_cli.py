@@ -54,7 +54,7 @@ def test_the_summary_says_where_a_language_model_recipe_sits(tmp_path, capsys, m
     points = [line for line in out.splitlines() if line.startswith("embeddings on a CPU:")]
     assert len(points) == (point is not None) and (point is None or point in points[0])
     if preset is None and point is not None:
-        assert "with w8a8-smoothquant-gptq-pertoken" in out  # --bits 8's recipe for an ESM-2
+        assert "with w8a8-smoothquant-gptq-lntoken" in out  # --bits 8's recipe for an ESM-2
 
 
 def test_inspect_writes_report_and_plot(tmp_path, capsys):

@@ -149,7 +149,7 @@ def test_the_esm2_default_streams_the_streamable_recipe_and_says_so(tmp_path, mo
         _between_the_modes(monkeypatch)
     assert main(common + ["--out", str(tmp_path / "b")] + ["--low-memory"] * asked) == 0
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("streaming layer by layer")]
-    assert len(notes) == 1 and "w8a8-pwlq" in notes[0] and "w8a8-smoothquant-gptq-pertoken" in notes[0]
+    assert len(notes) == 1 and "w8a8-pwlq" in notes[0] and "w8a8-smoothquant-gptq-lntoken" in notes[0]
     assert json.loads((tmp_path / "b" / "recipe.json").read_text())["config"]["name"] == "w8a8-pwlq"
     a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

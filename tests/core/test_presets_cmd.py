@@ -31,7 +31,7 @@ def test_marks_say_esmc_only_and_the_language_model_points(capsys):
     assert "[ESM C]" in rows["w8a8-rotate"] and "[ESM C]" in rows["w8a8-rotate-gptq"]
     assert "[ESM C]" not in rows["w8a8-dynamic"] and "[ESM C]" not in rows["w8a8-pwlq"]
     assert "[fast]" in rows["w8a8-dynamic"] and "[fast]" in rows["w8a8-smoothquant"]
-    default = rows["w8a8-smoothquant-gptq-pertoken"]  # ESM-2's --bits 8
+    default = rows["w8a8-smoothquant-gptq-lntoken"]  # ESM-2's --bits 8
     assert "[accurate]" in default and "[fast]" not in default
     # piecewise-linear activations: several integer GEMMs per site, about float speed on a CPU: neither point
     assert "[accurate]" not in rows["w8a8-pwlq"] and "[fast]" not in rows["w8a8-pwlq"]

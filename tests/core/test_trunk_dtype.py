@@ -110,7 +110,7 @@ def test_eight_bits_on_esmfold_is_the_bf16_trunk_and_others_keep_theirs():
 
     assert preset_for_bits(8, "hf-esmfold") == "bf16-trunk"
     assert recipe_bound(pp.get_preset("bf16-trunk")).min_tm_vs_fp == 0.9  # judged as 8 significant bits
-    assert preset_for_bits(8, "hf-esm") == preset_for_bits(8, "fair-esm") == "w8a8-smoothquant-gptq-pertoken"
+    assert preset_for_bits(8, "hf-esm") == preset_for_bits(8, "fair-esm") == "w8a8-smoothquant-gptq-lntoken"
     assert preset_for_bits(8, "esmc") == preset_for_bits(8) == "w8a8-pwlq"
     assert preset_for_bits(4, "hf-esmfold") == "w4a8-pwlq"
 

@@ -84,7 +84,7 @@ def test_alpha_with_the_default_recipe_of_a_file_waits_for_its_family(tmp_path, 
     common = ["quantize", str(path), "--calib", "casp14:2", "--check", "0", "--compare", "none", "--quiet"]
     assert main(common + ["--smoothquant-alpha", "0.4", "--out", str(tmp_path / "a")]) == 0, capsys.readouterr().err
     config = pp.load(tmp_path / "a").ptq_state.config
-    assert config.name.startswith("w8a8-smoothquant-gptq-pertoken") and config.smoothquant.alpha == 0.4
+    assert config.name.startswith("w8a8-smoothquant-gptq-lntoken") and config.smoothquant.alpha == 0.4
     capsys.readouterr()
     assert main(common + ["--bits", "4", "--smoothquant-alpha", "0.4", "--out", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err.strip()
