@@ -100,36 +100,6 @@ class TensorQuant:
     def is_study(self) -> bool:
         return self.scheme in _STUDY_SCHEMES
 
-    def _check_activations_at(self) -> None:
-        pairs = []
-        for pair in self.activations_at:
-            if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not isinstance(pair[0], str):
-                raise TypeError("activations_at holds (glob, TensorQuant) pairs, e.g. "
-                                "(('*.fc1', TensorQuant(bits=8, granularity='per_token', dynamic=True)),)")
-            glob, spec = pair
-            spec = TensorQuant.from_dict(spec) if isinstance(spec, dict) else spec
-            if not isinstance(spec, TensorQuant):
-                raise TypeError(f"activations_at[{glob!r}] must be a TensorQuant or a dict, got {type(spec).__name__}")
-            pairs.append((glob, spec))
-        object.__setattr__(self, "activations_at", tuple(pairs))
-        if pairs and (self.activations is None or self.study is not None):
-            raise ValueError("activations_at changes the quantizer of some activation sites: it needs activations= "
-                             "for the others, and no study= (the study quantizes every site alike)")
-
-    def _specs(self):
-        """(label, spec) of every quantizer spec this config names."""
-        named = [("weights", self.weights), ("activations", self.activations)]
-        named += [(f"activations_at[{glob!r}]", spec) for glob, spec in self.activations_at]
-        return [(label, spec) for label, spec in named if spec is not None]
-
-    def activation_for(self, site: str) -> Optional[TensorQuant]:
-        """The activation quantizer of the site named ``site`` (``activations_at``'s first matching glob, else
-        ``activations``)."""
-        for glob, spec in self.activations_at:
-            if fnmatch.fnmatchcase(site, glob):
-                return spec
-        return self.activations
-
     def _check_study(self) -> None:
         if (self.range_method is RangeMethod.STUDY_TOPK) and not self.is_study:
             raise ValueError("range_method='study_topk' is the study's statistic: use it with scheme "
