@@ -18,11 +18,21 @@ _CHUNK = 1 << 20  # bytes read at a time
 
 
 def file_sha256(path: Union[str, os.PathLike]) -> str:
-    """Hex sha256 of a file's bytes, read in 1 MiB chunks."""
+    """Hex sha256 of a file's bytes, read 1 MiB at a time into one buffer.
+
+    One buffer, not a new 1 MiB object per read: while a model loads, freed blocks go back to the system at once
+    (``support.process_memory``), so each new chunk was a fresh mapping faulted in page by page: 1.3 million page
+    faults and 2 s of kernel time to hash a 5.3 GB artifact, against 0.7 s with one buffer.
+    """
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(_CHUNK), b""):
-            digest.update(chunk)
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as handle:
+        while True:
+            count = handle.readinto(buffer)
+            if not count:
+                break
+            digest.update(view[:count])
     return digest.hexdigest()
 
 

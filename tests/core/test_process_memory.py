@@ -138,3 +138,30 @@ def test_quantize_calibrates_with_blocks_kept(monkeypatch, esm2, calib_seqs):
     keep, give = process_memory.KEEP_BELOW, process_memory._RETURN_ABOVE
     assert seen and set(seen) == {keep}
     assert fake.thresholds[1:] == [give, keep, give, keep]  # load, its passes, the load's end, computing after
+
+
+_HASH_FAULTS = """
+import resource, sys
+from ptq_protein.support import process_memory
+from ptq_protein.support.digests import file_sha256
+
+with process_memory.loading():  # a load's setting: freed blocks go back at once
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    file_sha256(sys.argv[1])
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@glibc
+def test_hashing_a_file_while_loading_reuses_one_buffer(tmp_path, monkeypatch):
+    """An artifact's checksum is taken while it loads: a new chunk object per read was a fresh mapping each time,
+    one page fault per 4 KiB of the file (1.3 million for a 5.3 GB artifact)."""
+    import subprocess
+    import sys
+
+    for var in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"):
+        monkeypatch.delenv(var, raising=False)
+    path = tmp_path / "weights.bin"
+    path.write_bytes(bytes(range(256)) * (64 << 12))  # 64 MiB: 16384 pages
+    out = subprocess.run([sys.executable, "-c", _HASH_FAULTS, str(path)], capture_output=True, text=True, check=True)
+    assert int(out.stdout.split()[-1]) < 16384 // 8

@@ -71,10 +71,11 @@ def test_unreadable_files_are_input_errors(tmp_path):
         load_torch_checkpoint(tmp_path / "absent.pt")
 
 
-def test_file_sha256_matches_hashlib(tmp_path):
+@pytest.mark.parametrize("size", [0, 1, (1 << 20) - 1, 1 << 20, (1 << 20) + 1, 2_304_000])
+def test_file_sha256_matches_hashlib(tmp_path, size):
     import hashlib
 
     path = tmp_path / "blob"
-    data = bytes(range(256)) * 9000  # spans several read chunks
+    data = (bytes(range(256)) * (size // 256 + 1))[:size]  # empty, one byte, around one read chunk, several
     path.write_bytes(data)
     assert file_sha256(path) == hashlib.sha256(data).hexdigest()
