@@ -160,7 +160,7 @@ class QuantConfig:
     `rotate_ffn=b` (0: off) rotates ESM C's SwiGLU products by Hadamard blocks of `b` channels first.
     `activations_at` holds `(glob, TensorQuant)` pairs: an activation site whose module name matches a glob takes
     that quantizer instead of `activations` (the first match wins), e.g. dynamic per-token rows where LayerNorm
-    outputs enter and static per-tensor ranges elsewhere (:meth:`activation_for`).
+    outputs enter and static per-tensor ranges elsewhere (`activation_for` says which).
     """
 
     weights: Optional[TensorQuant] = TensorQuant(bits=8, granularity=Granularity.PER_CHANNEL)
