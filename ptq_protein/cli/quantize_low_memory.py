@@ -94,7 +94,7 @@ def stream_refusal(args: argparse.Namespace, budget, path: Optional[Path], famil
             or (args.dtype or "float32") != "float32"):
         return ("streaming reads fair-esm ESM-2 .pt files on the CPU in float32 (not tiny models, Hugging Face "
                 "folders, other devices or dtypes)")
-    if family != "fair-esm":
+    if family not in (None, "fair-esm"):  # None: a legacy (not zip) file, read whole; its load tells what it is
         held = {"hf-esmfold": "an ESMFold", "esmc": "an ESM C model"}.get(family, "no ESM-2 this toolkit reads")
         return f"streaming reads fair-esm ESM-2 .pt files, and {path.name} holds {held}"
     if args.backend != "fake":

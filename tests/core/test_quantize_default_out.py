@@ -105,3 +105,15 @@ def test_the_default_out_is_named_for_the_recipe_used(tmp_path, monkeypatch, cap
     assert main(["quantize", "tiny-esmfold", "--calib", "casp14:2", "--check", "0", "--num-recycles", "0",
                  "--quiet"]) == 0
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["tiny-esmfold-bf16-trunk"]
+
+
+def test_a_legacy_pt_file_still_streams(tmp_path, capsys):
+    """A file in torch's pre-zip format cannot be mapped to peek at: its family is told by its load, and
+    --low-memory streams it as before."""
+    path = write_fair_esm2(tmp_path / "zip.pt")
+    legacy = tmp_path / "esm2_t6_8M_UR50D.pt"
+    torch.save(torch.load(path, weights_only=False), legacy, _use_new_zipfile_serialization=False)
+    assert family_before_loading(str(legacy)) is None
+    assert main(["quantize", str(legacy), "--low-memory", "--calib", "casp14:2", "--check", "0", "--quiet",
+                 "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "out" / "recipe.json").read_text())["config"]["name"] == "w8a8-pwlq"
