@@ -20,7 +20,9 @@ weights (:func:`ptq_protein.nn.cpu_int8_fused.float_rows`).
 It runs where every GEMM site is a static per-tensor (``w8a8-uniform``, ``w8a8-smoothquant``, ``w4a8``...) or a
 dynamic per-token (``w8a8-dynamic``, ``w8a8-smoothquant-gptq-pertoken``) 8-bit uniform one on the oneDNN path, each
 site its own (``w8a8-smoothquant-gptq-lntoken`` mixes the two in one layer), with no hooks on the layer's modules
-(:func:`blocker` says why not otherwise). A per-token site's codes are each row's
+(:func:`blocker` says why not otherwise). The attention's four Linears may instead all be plain float ones (a
+recipe that keeps a layer's attention in float, as ``-lntoken`` does the first layer's): q, k and v then run as one
+float GEMM on their stacked weights, the rest as above. A per-token site's codes are each row's
 own (:func:`~ptq_protein.quant.uniform.per_token_qparams`, the module path's rule), its GEMM the module path's call
 and its epilogue the module path's (:func:`~ptq_protein.nn.cpu_int8.per_token_epilogue_`): from equal inputs, equal
 outputs; what the layer saves there is the work between the GEMMs. The architecture code
@@ -103,7 +105,7 @@ def blocker(layer: EncoderLayer, x: torch.Tensor) -> Optional[str]:
         return "the fused integer layer runs float32 or bfloat16 CPU tensors"
     if cpu_int8.mode() is None:
         return cpu_int8.reason()
-    for m in layer.linears:
+    for m in layer.linears[4 if _float_attention(layer) else 0:]:
         if (getattr(m, "backend", None) is not Backend.INT8 or m.weight_spec is None or m.engine is Engine.REFERENCE
                 or m.weight_codebook is not None or not m.symmetric_weight_codes()):
             return f"{type(m).__name__} is not an integer linear with symmetric weight codes on the oneDNN engine"
@@ -111,8 +113,8 @@ def blocker(layer: EncoderLayer, x: torch.Tensor) -> Optional[str]:
         if quant is None or (not isinstance(quant, TokenQuant) and (quant[2] < -128 or quant[3] > 127)):
             return ("the fused integer layer takes static per-tensor or dynamic per-token uniform 8-bit "
                     "activations")
-    q = _act(layer.q.input_quant)
-    if not (_same(q, _act(layer.k.input_quant)) and _same(q, _act(layer.v.input_quant))):
+    q = None if _float_attention(layer) else _act(layer.q.input_quant)
+    if q is not None and not (_same(q, _act(layer.k.input_quant)) and _same(q, _act(layer.v.input_quant))):
         return "q, k and v quantize their common input differently"
     for norm in (layer.attn_norm, layer.ffn_norm):
         fake = getattr(norm, "input_quant", None)
@@ -207,33 +209,21 @@ def forward(layer: EncoderLayer, x: torch.Tensor, *, batch_first: bool, cos: tor
         res = res.to(torch.float32)
     elif res.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
         res = res.clone()  # a view of x, which is the caller's
-    keep = layer.q.input_quant.special_rows(x)
+    float_attention = _float_attention(layer)
+    keep = (layer.fc1 if float_attention else layer.q).input_quant.special_rows(x)
     index = None
     if keep is not None:
         keep = keep.expand(*x.shape[:-1], 1) if batch_first else keep.expand(*x.shape[:-1], 1).transpose(0, 1)
         index = keep.reshape(-1).nonzero().flatten()
-    saved = None if index is None else res.index_select(0, index)
-    for m in layer.linears:
+    for m in layer.linears[4 if float_attention else 0:]:
         m.engine_ran = Engine.ONEDNN.value
 
-    group = group_weights((layer.q, layer.k, layer.v))
-    qkv = _linear(_normed(res, layer.attn_norm, _act(layer.q.input_quant)), group.packed, group.bias, dtype)
-    if index is not None:
-        qkv.index_copy_(0, index, cpu_int8_fused.float_rows(_norm_rows(saved, layer.attn_norm), group.packed,
-                                                            group.bias).to(dtype))
-    heads = layer.heads
-    q, k, v = qkv.view(batch, length, 3, heads, channels // heads).unbind(2)
-    q = rotary(q, rotary_table(cos, sin, layer.q_scaling), dtype)
-    k = rotary(k, rotary_table(cos, sin), dtype)
-    att = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                         attn_mask=attn_mask, scale=1.0).transpose(1, 2)  # [B, T, H, D]
-    att = att.reshape(-1, channels).to(torch.float32)  # attention writes [B, T, H, D]: a view
-    out = prepack_module(layer.out)
-    rows = None if index is None else att.index_select(0, index)
-    _linear_add_(res, _encode(att, _act(layer.out.input_quant)), out, _bias(layer.out))  # att consumed
-    if index is not None:
-        saved = saved + cpu_int8_fused.float_rows(rows, out, _bias(layer.out))
-        res.index_copy_(0, index, saved)
+    if float_attention:
+        _float_attention_(layer, res, (batch, length), dtype, cos, sin, attn_mask)
+        saved = None if index is None else res.index_select(0, index)
+    else:
+        saved = None if index is None else res.index_select(0, index)
+        saved = _int_attention_(layer, res, (batch, length), dtype, cos, sin, attn_mask, index, saved)
 
     hidden = _act(layer.fc2.input_quant)
     fc1, fc2 = prepack_module(layer.fc1), prepack_module(layer.fc2)
@@ -249,3 +239,60 @@ def forward(layer: EncoderLayer, x: torch.Tensor, *, batch_first: bool, cos: tor
         res.index_copy_(0, index, saved + cpu_int8_fused.float_rows(inner, fc2, _bias(layer.fc2)))
     res = res.view(batch, length, channels).to(dtype)
     return res if batch_first else res.transpose(0, 1)
+
+
+def _attend(layer: EncoderLayer, qkv: torch.Tensor, shape: Tuple[int, int], dtype: torch.dtype, cos: torch.Tensor,
+            sin: torch.Tensor, attn_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """Rotary and attention of ``qkv`` ``[B*T, 3C]`` (q, k, v side by side): float32 ``[B*T, C]``."""
+    channels = qkv.shape[-1] // 3
+    q, k, v = qkv.view(*shape, 3, layer.heads, channels // layer.heads).unbind(2)
+    q = rotary(q, rotary_table(cos, sin, layer.q_scaling), dtype)
+    k = rotary(k, rotary_table(cos, sin), dtype)
+    att = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         attn_mask=attn_mask, scale=1.0).transpose(1, 2)  # [B, T, H, D]
+    return att.reshape(-1, channels).to(torch.float32)  # attention writes [B, T, H, D]: a view
+
+
+def _int_attention_(layer: EncoderLayer, res: torch.Tensor, shape: Tuple[int, int], dtype: torch.dtype,
+                    cos: torch.Tensor, sin: torch.Tensor, attn_mask: Optional[torch.Tensor],
+                    index: Optional[torch.Tensor], saved: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """``res += attention`` on integer q, k, v and out (in place); returns the kept rows (``index``) of the
+    updated stream, computed in float from ``saved``, their rows before."""
+    group = group_weights((layer.q, layer.k, layer.v))
+    qkv = _linear(_normed(res, layer.attn_norm, _act(layer.q.input_quant)), group.packed, group.bias, dtype)
+    if index is not None:
+        qkv.index_copy_(0, index, cpu_int8_fused.float_rows(_norm_rows(saved, layer.attn_norm), group.packed,
+                                                            group.bias).to(dtype))
+    att = _attend(layer, qkv, shape, dtype, cos, sin, attn_mask)
+    out = prepack_module(layer.out)
+    rows = None if index is None else att.index_select(0, index)
+    _linear_add_(res, _encode(att, _act(layer.out.input_quant)), out, _bias(layer.out))  # att consumed
+    if index is None:
+        return None
+    saved = saved + cpu_int8_fused.float_rows(rows, out, _bias(layer.out))
+    res.index_copy_(0, index, saved)
+    return saved
+
+
+def _float_attention_(layer: EncoderLayer, res: torch.Tensor, shape: Tuple[int, int], dtype: torch.dtype,
+                      cos: torch.Tensor, sin: torch.Tensor, attn_mask: Optional[torch.Tensor]) -> None:
+    """``res += attention`` where the recipe keeps q, k, v and out in float (in place), in their weights' dtype:
+    q, k and v as one GEMM on their stacked weights."""
+    fake, ln = _norm(layer.attn_norm)
+    proj = (layer.q, layer.k, layer.v)
+    weight = torch.cat([m.weight.detach() for m in proj])
+    bias = None
+    if any(m.bias is not None for m in proj):
+        bias = torch.cat([torch.zeros(m.out_features, dtype=weight.dtype) if m.bias is None else m.bias.detach()
+                          for m in proj])
+    normed = layer_norm(res, fake, *_affine(ln), ln.eps).to(weight.dtype)
+    att = _attend(layer, F.linear(normed, weight, bias).to(dtype), shape, dtype, cos, sin, attn_mask)
+    out = layer.out
+    res.add_(F.linear(att.to(weight.dtype), out.weight.detach(), None if out.bias is None else out.bias.detach()))
+
+
+def _float_attention(layer: EncoderLayer) -> bool:
+    """q, k, v and out are plain float ``nn.Linear`` of one dtype (a recipe keeps the layer's attention in float)."""
+    proj = (layer.q, layer.k, layer.v, layer.out)
+    return all(type(m) is nn.Linear and m.weight.dtype == layer.q.weight.dtype and m.weight.is_floating_point()
+               for m in proj)

@@ -111,6 +111,21 @@ def test_codes_of_the_layer_norm_follow_the_quantizer_rule():
                        quantize(y, quant[0], quant[1], 8, symmetric=True).to(torch.int16))
 
 
+def test_codes_clamp_at_both_ends_and_take_each_rows_zero_point():
+    """Static asymmetric codes and per-token rows (a scale and zero point per row) past both ends of the range:
+    the quantizer's rule, code for code."""
+    gen = torch.Generator().manual_seed(3)
+    y = torch.randn(64, 48, generator=gen) * 40
+    static = (torch.tensor(0.07), torch.tensor(-100, dtype=torch.int32), -128, 127)
+    want = quantize(y, static[0], static[1], 8, symmetric=False).to(torch.int16)
+    assert want.min() == -128 and want.max() == 127
+    assert torch.equal(layer_float_ops.codes(y.clone(), static).to(torch.int16) - 128, want)
+    scale = torch.rand(64, 1, generator=gen) * 0.2 + 0.05
+    zero = torch.randint(-128, 128, (64, 1), generator=gen, dtype=torch.int32)
+    want = torch.stack([quantize(r, s, z, 8, symmetric=False) for r, s, z in zip(y, scale, zero)]).to(torch.int16)
+    assert torch.equal(layer_float_ops.codes(y.clone(), (scale, zero, -128, 127)).to(torch.int16) - 128, want)
+
+
 def test_rotary_is_fair_esms_up_to_the_pair_order():
     from esm.rotary_embedding import RotaryEmbedding
 
@@ -145,12 +160,22 @@ def _per_token_asymmetric():
     return resolve_config("w8a8-smoothquant-gptq-pertoken").replace(exclude=(), gptq=None)
 
 
+def _first_attention_float():
+    """The default ESM-2 recipe's sites (per-token rows at LayerNorm outputs, static ranges elsewhere, the first
+    layer's attention in float), no GPTQ."""
+    return resolve_config("w8a8-smoothquant-gptq-lntoken").replace(gptq=None)
+
+
+_RECIPES = {"per-token asymmetric": _per_token_asymmetric, "first attention float": _first_attention_float}
+
+
 @pytest.fixture(scope="module", params=[("fair-esm", "w8a8-uniform"), ("hf", "w8a8-uniform"),
-                                        ("fair-esm", "w8a8-dynamic"), ("hf", "per-token asymmetric")],
+                                        ("fair-esm", "w8a8-dynamic"), ("hf", "per-token asymmetric"),
+                                        ("fair-esm", "first attention float"), ("hf", "first attention float")],
                 ids=lambda p: "-".join(p))
 def qmodel(request):
     kind, preset = request.param
-    return _quantized(kind, _per_token_asymmetric() if preset == "per-token asymmetric" else preset)
+    return _quantized(kind, _RECIPES[preset]() if preset in _RECIPES else preset)
 
 
 def _run(model, calls=None):
