@@ -53,6 +53,25 @@ def test_run_measured_peak_is_not_the_parents(bench_package):
     assert held.sum() > 0 and done.returncode == 0 and done.peak_rss_kib < 64 * 1024
 
 
+
+def test_children_read_the_toolkit_byte_compiled(bench_package):
+    """Children import the toolkit from byte code the bench wrote once (as pip does for an installed package), not
+    by compiling its sources again in every process, even where PYTHONDONTWRITEBYTECODE is set."""
+    import subprocess
+
+    from bench.common import child_env
+
+    env = child_env(1, "native", {"PYTHONDONTWRITEBYTECODE": "1"})
+    count = ("import importlib._bootstrap_external as b, os\n"
+             "compiled, real = [], b.SourceLoader.source_to_code\n"
+             "b.SourceLoader.source_to_code = lambda self, data, path, *a, **k: compiled.append(path) or "
+             "real(self, data, path, *a, **k)\n"
+             "import ptq_protein.cli.main, ptq_protein.nn.layer_int8\n"
+             "print(sum(os.sep + 'ptq_protein' + os.sep in str(p) or os.sep + 'eval' + os.sep in str(p) "
+             "for p in compiled))")
+    done = subprocess.run([sys.executable, "-c", count], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.split()[-1] == "0"
+
 # Lines as oneDNN 3 prints them (ONEDNN_VERBOSE=1) for an int8 artifact: weight reorders at load, then GEMMs.
 _VERBOSE = """onednn_verbose,v1,info,oneDNN v3.7.1 (commit 8d263e693366ef8db40acc569cc7d8edf644556d)
 onednn_verbose,v1,primitive,exec,cpu,reorder,simple:any,undef,src:s8::blocked:ba::f0 dst:s8:p:blocked:AB16a64b4a::f8:zpm2,attr-scratchpad:user,,64x64,0.02
