@@ -58,6 +58,9 @@ PRESETS: Dict[str, QuantConfig] = {
     "w8a8-smoothquant-gptq": QuantConfig(weights=per_channel_weights(8), activations=_ASYM_ACTS, kinds=_LINEAR,
                                          smoothquant=SmoothQuantSpec(), gptq=GPTQSpec(),
                                          special_tokens=SpecialTokens.INCLUDE, name="w8a8-smoothquant-gptq"),
+    "w8a8-smoothquant-gptq-bos": QuantConfig(weights=per_channel_weights(8), activations=_ASYM_ACTS, kinds=_LINEAR,
+                                             smoothquant=SmoothQuantSpec(alpha=0.4), gptq=GPTQSpec(special_rows=True),
+                                             special_tokens=SpecialTokens.INCLUDE, name="w8a8-smoothquant-gptq-bos"),
     "w8a8-smoothquant-gptq-pertoken": QuantConfig(weights=per_channel_weights(8), activations=_TOKEN_ACTS,
                                                   kinds=_LINEAR, smoothquant=SmoothQuantSpec(),
                                                   gptq=GPTQSpec(special_rows=True), exclude=FIRST_ATTENTION,
@@ -89,6 +92,9 @@ DOCS: Dict[str, str] = {
     "w8a8-smoothquant-gptq": "SmoothQuant (alpha 0.5), then GPTQ W8 per-channel + static per-tensor asymmetric A8 "
                              "(min-max) on Linear inputs, BOS/EOS calibrated and quantized with the residues (one "
                              "quantizer for every row: no float side path)",
+    "w8a8-smoothquant-gptq-bos": "w8a8-smoothquant-gptq with SmoothQuant alpha 0.4 and GPTQ's Hessian summing the "
+                                 "BOS/EOS rows too (the int8 weights multiply them; where they are attention sinks, "
+                                 "every query reads their keys' error)",
     "w8a8-smoothquant-gptq-pertoken": "SmoothQuant (alpha 0.5), then GPTQ W8 per-channel (its Hessian with the "
                                       "BOS/EOS rows) + dynamic per-token asymmetric A8 on Linear inputs; BOS/EOS "
                                       "rows and the first layer's attention Linears in floating point",

@@ -204,3 +204,23 @@ def test_the_lntoken_preset_rounds_per_token_exactly_where_a_layernorm_output_en
     assert token == after_norm & set(swapped) and token
     static = [m.input_quant for n, m in swapped.items() if n not in token]
     assert static and all(not a.spec.dynamic and a.scale.numel() == 1 for a in static)
+
+
+def test_the_bos_preset_is_the_static_recipes_sites_with_gptq_seeing_the_bos_eos_rows(esm2, calib_seqs):
+    """``w8a8-smoothquant-gptq-bos``: the Linears and static per-tensor quantizers of ``w8a8-smoothquant-gptq`` (every
+    row through one quantizer, no float side path: the fast point), SmoothQuant alpha 0.4, and GPTQ whose Hessian
+    sums the BOS/EOS rows: its weights differ from the same recipe's with a residue-only Hessian."""
+    from ptq_protein.recipes.presets import lm_point, resolve_config
+
+    calib = list(calib_seqs[:2])
+    config = resolve_config("w8a8-smoothquant-gptq-bos")
+    assert config.smoothquant.alpha == 0.4 and config.gptq.special_rows and lm_point(config) == "fast"
+    q = pp.quantize(esm2, config, calibration=calib)
+    residues_only = pp.quantize(esm2, config.replace(gptq=GPTQSpec()), calibration=calib)
+    static = pp.quantize(esm2, "w8a8-smoothquant-gptq", calibration=calib)
+    linears = {n: m for n, m in q.named_modules() if isinstance(m, QuantLinear)}
+    assert set(linears) == {n for n, m in static.named_modules() if isinstance(m, QuantLinear)}
+    assert all(not m.input_quant.spec.dynamic and m.input_quant.scale.numel() == 1
+               and m.input_quant.special_tokens is None for m in linears.values())
+    other = dict(residues_only.named_modules())
+    assert any(not torch.equal(m.plain_weight_codes(), other[n].plain_weight_codes()) for n, m in linears.items())
