@@ -105,7 +105,7 @@ def blocker(layer: EncoderLayer, x: torch.Tensor) -> Optional[str]:
         return "the fused integer layer runs float32 or bfloat16 CPU tensors"
     if cpu_int8.mode() is None:
         return cpu_int8.reason()
-    for m in layer.linears[4 if _float_attention(layer) else 0:]:
+    for m in _int_linears(layer):
         if (getattr(m, "backend", None) is not Backend.INT8 or m.weight_spec is None or m.engine is Engine.REFERENCE
                 or m.weight_codebook is not None or not m.symmetric_weight_codes()):
             return f"{type(m).__name__} is not an integer linear with symmetric weight codes on the oneDNN engine"
@@ -113,7 +113,7 @@ def blocker(layer: EncoderLayer, x: torch.Tensor) -> Optional[str]:
         if quant is None or (not isinstance(quant, TokenQuant) and (quant[2] < -128 or quant[3] > 127)):
             return ("the fused integer layer takes static per-tensor or dynamic per-token uniform 8-bit "
                     "activations")
-    q = None if _float_attention(layer) else _act(layer.q.input_quant)
+    q = _act(layer.q.input_quant) if layer.q in _int_linears(layer) else None
     if q is not None and not (_same(q, _act(layer.k.input_quant)) and _same(q, _act(layer.v.input_quant))):
         return "q, k and v quantize their common input differently"
     for norm in (layer.attn_norm, layer.ffn_norm):
@@ -215,7 +215,7 @@ def forward(layer: EncoderLayer, x: torch.Tensor, *, batch_first: bool, cos: tor
     if keep is not None:
         keep = keep.expand(*x.shape[:-1], 1) if batch_first else keep.expand(*x.shape[:-1], 1).transpose(0, 1)
         index = keep.reshape(-1).nonzero().flatten()
-    for m in layer.linears[4 if float_attention else 0:]:
+    for m in _int_linears(layer):
         m.engine_ran = Engine.ONEDNN.value
 
     if float_attention:
@@ -296,3 +296,9 @@ def _float_attention(layer: EncoderLayer) -> bool:
     proj = (layer.q, layer.k, layer.v, layer.out)
     return all(type(m) is nn.Linear and m.weight.dtype == layer.q.weight.dtype and m.weight.is_floating_point()
                for m in proj)
+
+
+def _int_linears(layer: EncoderLayer) -> Tuple[nn.Module, ...]:
+    """The layer's Linears the fused layer runs on integer GEMMs: all six, or the FFN's two where the attention's
+    four are float (:func:`_float_attention`)."""
+    return layer.linears[4:] if _float_attention(layer) else layer.linears
